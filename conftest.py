@@ -1,0 +1,27 @@
+"""Root conftest: settings for pytest and for the notebook kernels nbval starts.
+
+The kernels are separate processes started in notebooks/: only environment variables reach them,
+so everything here is an environment variable set before collection.
+"""
+
+import os
+
+# Quiet, offline, reproducible kernels: no progress bars, no Hub, no debugger warnings.
+for key, value in {
+    "TQDM_DISABLE": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    "MPLBACKEND": "agg",
+}.items():
+    os.environ.setdefault(key, value)
+
+
+def pytest_collectstart(collector):
+    """stderr (DeepSpeed's warnings, progress bars) is never compared on checked cells."""
+    if hasattr(collector, "skip_compare"):
+        collector.skip_compare += ("stderr", "application/javascript", "text/html",
+                                   "application/vnd.jupyter.widget-view+json")

@@ -1,0 +1,502 @@
+"""Where is this notebook running? GPU, precision, RAM, disk, versions, smoke mode, T4 emulation.
+
+``describe()`` answers in one call and returns an :class:`Environment` that renders as a table.
+``setup_single_process_dist()`` sets the variables DeepSpeed expects from a launcher, so an
+engine can start inside a notebook. ``KIT_EMULATE=t4`` (or ``describe(emulate="t4")``) makes a
+bigger GPU behave like a free Colab T4 for the kit's own decisions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from helpers.tables import Table
+
+GiB = 2**30
+GB = 10**9
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """A smaller machine the kit pretends to be: GPU memory cap, capability, RAM budget."""
+
+    name: str
+    label: str
+    gpu_bytes: int
+    capability: tuple[int, int]
+    ram_budget_bytes: int
+
+
+EMULATIONS: dict[str, Emulation] = {
+    "t4": Emulation("t4", "Colab T4", gpu_bytes=15 * GiB, capability=(7, 5), ram_budget_bytes=int(12.7 * GB)),
+}
+_OFF = {"", "none", "off", "0", "false", "no"}
+_ON = {"1", "true", "yes", "on"}
+
+
+class KitSetupError(RuntimeError):
+    """A problem with the user's setup, with the fix in its message (no traceback needed)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows only this instead of a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def resolve_emulation(value: str | None = None) -> Emulation | None:
+    """The emulation asked for by ``value``, or by ``KIT_EMULATE`` when ``value`` is None."""
+    raw = os.environ.get("KIT_EMULATE", "") if value is None else value
+    key = raw.strip().lower()
+    if key in _OFF:
+        return None
+    if key not in EMULATIONS:
+        valid = ", ".join(repr(k) for k in EMULATIONS)
+        raise KitSetupError(
+            f"unknown emulation {raw!r}: valid values are {valid} or 'none' "
+            f"(set KIT_EMULATE=t4, or pass emulate='t4')"
+        )
+    return EMULATIONS[key]
+
+
+def smoke_mode(cuda_available: bool | None = None) -> bool:
+    """True when there is no CUDA GPU or ``KIT_SMOKE`` is set to 1/true: notebooks shrink their sizes."""
+    if os.environ.get("KIT_SMOKE", "").strip().lower() in _ON:
+        return True
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    return not cuda_available
+
+
+def native_bf16(capability: tuple[int, int] | None) -> bool:
+    """bf16 runs natively from compute capability 8.0 (Ampere) on.
+
+    Not ``torch.cuda.is_bf16_supported()``: it answers True on a T4 (7.5), where bf16 is emulated
+    and slow.
+    """
+    return capability is not None and tuple(capability) >= (8, 0)
+
+
+def choose_precision(capability: tuple[int, int] | None) -> str:
+    """The precision the kit trains in: bf16 from 8.0 on, fp16 on older GPUs, fp32 on the CPU."""
+    if capability is None:
+        return "fp32"
+    return "bf16" if native_bf16(capability) else "fp16"
+
+
+@dataclass
+class GpuFacts:
+    """What torch reports about the first CUDA GPU (real values, before any emulation)."""
+
+    name: str
+    count: int
+    capability: tuple[int, int]
+    total_bytes: int
+    free_bytes: int
+
+
+def _gpu_facts() -> GpuFacts | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(0)
+    return GpuFacts(
+        name=torch.cuda.get_device_name(0),
+        count=torch.cuda.device_count(),
+        capability=tuple(torch.cuda.get_device_capability(0)),
+        total_bytes=total,
+        free_bytes=free,
+    )
+
+
+def apply_emulation(emulation: Emulation | None, gpu: GpuFacts | None) -> int | None:
+    """Cap this process's GPU memory at the emulated size; returns the cap in bytes (None: no cap).
+
+    Uses ``torch.cuda.set_per_process_memory_fraction``: allocations past the cap raise
+    ``torch.cuda.OutOfMemoryError`` as they would on the smaller card. Subprocesses inherit
+    ``KIT_EMULATE`` and call this again.
+    """
+    if emulation is None or gpu is None:
+        return None
+    import torch
+
+    cap = min(emulation.gpu_bytes, gpu.total_bytes)
+    for device in range(gpu.count):
+        torch.cuda.set_per_process_memory_fraction(cap / gpu.total_bytes, device)
+    return cap
+
+
+def detect_platform(environ: dict[str, str] | None = None, modules: dict | None = None) -> str:
+    """'colab', 'kaggle' or 'local'."""
+    environ = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
+    if "google.colab" in modules or "COLAB_RELEASE_TAG" in environ or "COLAB_GPU" in environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in environ or "KAGGLE_URL_BASE" in environ:
+        return "kaggle"
+    return "local"
+
+
+def nvcc_version() -> str | None:
+    """nvcc's release (e.g. '12.4') from CUDA_HOME or PATH, or None when there is no nvcc."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [str(Path(home) / "bin" / "nvcc")] if home else []
+    candidates += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
+    for nvcc in candidates:
+        if nvcc and Path(nvcc).exists():
+            try:
+                out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            found = re.search(r"release (\d+\.\d+)", out)
+            if found:
+                return found.group(1)
+    return None
+
+
+def nvidia_smi() -> str:
+    """``nvidia-smi``'s output, or a sentence saying why there is none."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "nvidia-smi is not installed here: no NVIDIA driver, so no CUDA GPU (the kit runs on the CPU)."
+    try:
+        done = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"nvidia-smi did not run: {err}"
+    return done.stdout if done.returncode == 0 else f"nvidia-smi failed: {(done.stderr or done.stdout).strip()}"
+
+
+def version_of(package: str) -> str | None:
+    """The installed version of a distribution, without importing it (None when missing)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def install_command(package: str) -> str:
+    """The exact pip command that installs ``package`` at the kit's range (from requirements.txt)."""
+    spec = package
+    for name in ("requirements.txt",):
+        path = REPO_ROOT / name
+        if path.exists():
+            for line in path.read_text().splitlines():
+                line = line.split("#")[0].strip()
+                if re.match(rf"^{re.escape(package)}\s*([<>=!~]|$)", line, re.I):
+                    spec = line
+    return f'pip install "{spec}"'
+
+
+def free_port(start: int = 29500, tries: int = 200, host: str = "127.0.0.1") -> int:
+    """The first port from ``start`` on that nothing listens on (probed by binding to it)."""
+    for port in range(start, start + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise KitSetupError(f"no free port in {start}..{start + tries - 1} on {host}: set MASTER_PORT to a free one")
+
+
+_DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def setup_single_process_dist(port: int | None = None) -> dict[str, str]:
+    """Set what a launcher would (MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE) for one process.
+
+    Variables already set (by a launcher, or an earlier call) are kept, so calling twice is safe
+    and a real launcher wins. The port is probed, not assumed free.
+    """
+    defaults = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
+    return {k: os.environ[k] for k in _DIST_KEYS}
+
+
+def default_offload_dir() -> Path:
+    """Where NVMe offload files go: ``KIT_OFFLOAD_DIR``, else a folder on the local temp disk."""
+    return Path(os.environ.get("KIT_OFFLOAD_DIR") or Path(tempfile.gettempdir()) / "zero_kit_offload")
+
+
+def disk_free_bytes(path: Path) -> int:
+    """Free bytes on the disk that holds ``path`` (or its nearest existing parent)."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+@dataclass
+class Environment:
+    """Everything the kit decides from: build with :func:`describe`."""
+
+    platform: str
+    gpu_name: str | None
+    gpu_count: int
+    capability: tuple[int, int] | None  # as the kit sees it (7.5 under T4 emulation)
+    real_capability: tuple[int, int] | None
+    vram_total_bytes: int | None  # after the emulation cap
+    vram_free_bytes: int | None
+    native_bf16: bool
+    precision: str
+    cpu_cores: int
+    ram_total_bytes: int
+    ram_available_bytes: int
+    ram_budget_bytes: int  # what host-RSS checks compare against (12.7 GB under T4 emulation)
+    offload_dir: str
+    disk_free_bytes: int
+    torch_version: str
+    torch_cuda: str | None
+    nvcc: str | None
+    deepspeed_version: str | None
+    transformers_version: str | None
+    smoke: bool
+    emulation: Emulation | None = None
+    gpu_cap_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu_name is not None
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(what, value, note) rows: the environment table."""
+        gib = lambda b: "-" if b is None else f"{b / GiB:.1f} GiB"
+        emu = self.emulation
+        cap_note = f"capped at {emu.label}'s {emu.gpu_bytes / GiB:.0f} GiB" if emu and self.has_gpu else ""
+        real_cc = self.real_capability
+        cc_note = (
+            f"emulated; the real GPU is {real_cc[0]}.{real_cc[1]}"
+            if emu and real_cc and real_cc != self.capability
+            else ""
+        )
+        return [
+            ("platform", self.platform, ""),
+            ("GPU", self.gpu_name or "none", f"{self.gpu_count} visible" if self.has_gpu else "runs on the CPU"),
+            ("compute capability", _cc(self.capability), cc_note),
+            ("GPU memory total", gib(self.vram_total_bytes), cap_note),
+            ("GPU memory free", gib(self.vram_free_bytes), ""),
+            ("native bf16", "yes" if self.native_bf16 else "no", "needs capability >= 8.0"),
+            ("precision the kit uses", self.precision, "fp32 on the CPU" if not self.has_gpu else ""),
+            ("CPU cores", str(self.cpu_cores), ""),
+            ("RAM total", gib(self.ram_total_bytes), ""),
+            ("RAM available", gib(self.ram_available_bytes), ""),
+            ("RAM budget for checks", f"{self.ram_budget_bytes / GB:.1f} GB",
+             f"{emu.label}'s" if emu else "this machine's total"),
+            ("disk free for offload", gib(self.disk_free_bytes), self.offload_dir),
+            ("torch", self.torch_version, f"CUDA {self.torch_cuda}" if self.torch_cuda else "CPU build"),
+            ("nvcc", self.nvcc or "none", "needed only to JIT-build CUDA ops" if not self.nvcc else ""),
+            ("DeepSpeed", self.deepspeed_version or "missing", "" if self.deepspeed_version else install_command("deepspeed")),
+            ("transformers", self.transformers_version or "missing", ""),
+            ("smoke mode", "on" if self.smoke else "off", "tiny sizes (no GPU or KIT_SMOKE=1)" if self.smoke else "full sizes"),
+            ("emulation", emu.label if emu else "off", "KIT_EMULATE" if emu else ""),
+        ]
+
+    def table(self) -> Table:
+        return Table(["what", "value", "note"], self.rows(), title="Where this notebook runs")
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+    def verdict(self) -> list[str]:
+        """Plain sentences: what this machine can do with the kit, and why."""
+        from helpers import memory
+
+        lines = []
+        if not self.has_gpu:
+            lines.append(
+                "No GPU: the kit runs in smoke mode on the CPU (fp32, tiny models). DeepSpeed uses its "
+                "CPU accelerator, so ZeRO stages and CPU offload still run, slowly."
+            )
+        else:
+            label = self.emulation.label if self.emulation else self.gpu_name
+            bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+            ready = "ZeRO 1-3 and CPU offload ready" if self.deepspeed_version else "DeepSpeed missing"
+            lines.append(f"{label}: {self.precision} ({bf16}), {ready}.")
+        limit = memory.cpu_offload_max_params(self.ram_budget_bytes)
+        lines.append(
+            f"{self.ram_budget_bytes / GB:.1f} GB of RAM limits ZeRO-2 CPU offload to about "
+            f"{limit / 1e6:,.0f}M parameters (notebook 06 goes further with NVMe offload)."
+        )
+        if self.gpu_count > 1:
+            lines.append(
+                f"{self.gpu_count} GPUs: ZeRO partitions across them when launched with one process per GPU "
+                "(the `deepspeed` launcher or torchrun from a cell, notebook 05). Kaggle offers 2 x T4 for free."
+            )
+        elif self.platform != "kaggle":
+            lines.append("One process, one device: stages 1-3 have nothing to partition across; offload is what saves memory here.")
+        if not self.deepspeed_version:
+            lines.append(f"DeepSpeed is not installed: run  {install_command('deepspeed')}")
+        if self.has_gpu and not self.nvcc:
+            lines.append("No nvcc: DeepSpeed cannot JIT-build CUDA ops such as FusedAdam (notebook 02 explains the fix).")
+        return lines
+
+
+def _cc(capability: tuple[int, int] | None) -> str:
+    return "-" if capability is None else f"{capability[0]}.{capability[1]}"
+
+
+def describe(emulate: str | None = None, offload_dir: str | os.PathLike | None = None) -> Environment:
+    """Describe this machine as the kit sees it; applies T4 emulation when asked (argument or KIT_EMULATE)."""
+    import psutil
+    import torch
+
+    emulation = resolve_emulation(emulate)
+    if emulate is not None:  # so that measurement subprocesses see the same choice
+        os.environ["KIT_EMULATE"] = emulation.name if emulation else "none"
+    gpu = _gpu_facts()
+    cap = apply_emulation(emulation, gpu)
+    capability = None
+    vram_total = vram_free = None
+    if gpu is not None:
+        capability = emulation.capability if emulation else gpu.capability
+        vram_total = cap if cap is not None else gpu.total_bytes
+        vram_free = min(gpu.free_bytes, vram_total - torch.cuda.memory_reserved(0)) if cap else gpu.free_bytes
+    vm = psutil.virtual_memory()
+    budget = min(emulation.ram_budget_bytes, vm.total) if emulation else vm.total
+    folder = Path(offload_dir) if offload_dir else default_offload_dir()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return Environment(
+        platform=detect_platform(),
+        gpu_name=gpu.name if gpu else None,
+        gpu_count=gpu.count if gpu else 0,
+        capability=capability,
+        real_capability=gpu.capability if gpu else None,
+        vram_total_bytes=vram_total,
+        vram_free_bytes=vram_free,
+        native_bf16=native_bf16(capability),
+        precision=choose_precision(capability),
+        cpu_cores=cores,
+        ram_total_bytes=vm.total,
+        ram_available_bytes=vm.available,
+        ram_budget_bytes=budget,
+        offload_dir=str(folder),
+        disk_free_bytes=disk_free_bytes(folder),
+        torch_version=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        nvcc=nvcc_version(),
+        deepspeed_version=version_of("deepspeed"),
+        transformers_version=version_of("transformers"),
+        smoke=smoke_mode(gpu is not None),
+        emulation=emulation,
+        gpu_cap_bytes=cap,
+    )
+
+
+def check_gpu_cap(environment: Environment) -> bool | None:
+    """Prove the emulated cap holds: asking for more than the cap must raise OutOfMemoryError.
+
+    Returns True when it did, False when the allocation went through (no cap), None with no cap to test.
+    """
+    if environment.gpu_cap_bytes is None:
+        return None
+    import torch
+
+    over = environment.gpu_cap_bytes + GiB // 2
+    try:
+        block = torch.empty(over, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return True
+    del block
+    torch.cuda.empty_cache()
+    return False
+
+
+def package_table(packages: tuple[str, ...] = ("torch", "deepspeed", "transformers", "datasets", "accelerate")) -> Table:
+    """Import each package and show its version, or the exact command that installs it."""
+    import importlib
+
+    rows = []
+    for name in packages:
+        try:
+            module = importlib.import_module(name)
+            rows.append((name, getattr(module, "__version__", version_of(name) or "?"), "imported"))
+        except ImportError as err:
+            rows.append((name, "missing", f"{install_command(name)}   ({err})"))
+    return Table(["package", "version", "status"], rows, title="The libraries the kit uses")
+
+
+def dist_roundtrip() -> bool:
+    """Start a one-process gloo group on the variables from setup_single_process_dist, all-reduce, stop.
+
+    Proves the port is usable before DeepSpeed needs it. Leaves no group behind.
+    """
+    import torch
+    import torch.distributed as dist
+
+    setup_single_process_dist()
+    if dist.is_initialized():  # DeepSpeed already started one in this kernel: use it
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return value.item() == int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return value.item() == int(os.environ["WORLD_SIZE"])
+    finally:
+        dist.destroy_process_group()
+
+
+def check_invariants(environment: Environment) -> list[tuple[str, bool]]:
+    """The facts notebook 01 asserts, each (claim, held?). Only claims that apply here are listed."""
+    import importlib
+
+    checks = [
+        ("precision follows the capability rule", environment.precision == choose_precision(environment.capability)),
+        ("native bf16 only from capability 8.0", environment.native_bf16 == native_bf16(environment.capability)),
+        ("a T4 (7.5) gets fp16, not bf16", choose_precision((7, 5)) == "fp16" and not native_bf16((7, 5))),
+        ("smoke mode is on without a GPU", environment.has_gpu or environment.smoke),
+    ]
+    try:
+        importlib.import_module("deepspeed")
+        checks.append(("DeepSpeed imports", True))
+    except ImportError:
+        checks.append((f"DeepSpeed imports (fix: {install_command('deepspeed')})", False))
+    checks.append(("a one-process distributed group starts on the probed port", dist_roundtrip()))
+    if environment.emulation and environment.has_gpu:
+        checks.append((f"GPU memory is capped at {environment.emulation.gpu_bytes / GiB:.0f} GiB",
+                       bool(check_gpu_cap(environment))))
+        checks.append(("the emulated GPU trains in fp16", environment.precision == "fp16"))
+    return checks
+
+
+def assert_checks(checks: list[tuple[str, bool]]) -> Table:
+    """Raise AssertionError naming every failed claim; otherwise return the checks as a table."""
+    failed = [claim for claim, held in checks if not held]
+    if failed:
+        raise AssertionError("these checks failed: " + "; ".join(failed))
+    return Table(["claim", "held"], checks, title="Checks")
+
+
+def summary(environment: Environment, checks: list[tuple[str, bool]]) -> str:
+    """Facts that read the same on a CPU and on a T4: what notebook 01 compares with nbval."""
+    by_name = dict(checks)
+    t4 = EMULATIONS["t4"]
+    return "\n".join([
+        f"all checks held: {all(by_name.values())}",
+        f"DeepSpeed imports: {by_name.get('DeepSpeed imports', False)}",
+        f"single-process distributed group works: {by_name['a one-process distributed group starts on the probed port']}",
+        f"a T4 trains in: {choose_precision(t4.capability)} (native bf16: {native_bf16(t4.capability)})",
+        f"T4 emulation: {t4.gpu_bytes / GiB:.0f} GiB GPU, {t4.ram_budget_bytes / GB:.1f} GB RAM budget",
+    ])

@@ -1,0 +1,184 @@
+"""helpers.env: the bf16 rule, T4 emulation, smoke mode, ports, the one-process dist setup."""
+
+import os
+import socket
+
+import pytest
+import torch
+
+from helpers import env
+from helpers.env import GB, GiB, GpuFacts
+
+T4 = GpuFacts(name="Tesla T4", count=1, capability=(7, 5), total_bytes=15_835_660_288, free_bytes=15_600_000_000)
+H200 = GpuFacts(name="NVIDIA H200", count=1, capability=(9, 0), total_bytes=150_754_820_096, free_bytes=150_000_000_000)
+DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in ("KIT_EMULATE", "KIT_SMOKE", *DIST_KEYS):
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def fake_gpu(clean_env):
+    """Pretend torch sees a GPU: returns a setter; records memory-fraction calls."""
+    calls = []
+    clean_env.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: calls.append((f, d)))
+    clean_env.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    clean_env.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what a T4 wrongly answers
+
+    def use(gpu):
+        clean_env.setattr(env, "_gpu_facts", lambda: gpu)
+        return calls
+
+    return use
+
+
+@pytest.mark.parametrize("capability, bf16, precision", [
+    ((7, 5), False, "fp16"), ((7, 0), False, "fp16"), ((8, 0), True, "bf16"), ((9, 0), True, "bf16"), (None, False, "fp32"),
+])
+def test_bf16_rule_follows_capability(capability, bf16, precision):
+    assert env.native_bf16(capability) is bf16
+    assert env.choose_precision(capability) == precision
+
+
+def test_a_real_t4_trains_in_fp16_although_torch_says_bf16_is_supported(fake_gpu):
+    fake_gpu(T4)
+    machine = env.describe(emulate="none")
+    assert torch.cuda.is_bf16_supported()  # the trap
+    assert machine.capability == (7, 5)
+    assert machine.native_bf16 is False and machine.precision == "fp16"
+    assert machine.smoke is False and machine.gpu_cap_bytes is None
+
+
+def test_t4_emulation_on_a_big_gpu_caps_memory_and_picks_fp16(fake_gpu):
+    calls = fake_gpu(H200)
+    machine = env.describe(emulate="t4")
+    assert machine.capability == (7, 5) and machine.real_capability == (9, 0)
+    assert machine.precision == "fp16" and not machine.native_bf16
+    assert machine.vram_total_bytes == 15 * GiB == machine.gpu_cap_bytes
+    assert calls == [(pytest.approx(15 * GiB / H200.total_bytes), 0)]
+    assert machine.ram_budget_bytes == min(int(12.7 * GB), machine.ram_total_bytes)
+    assert os.environ["KIT_EMULATE"] == "t4"  # subprocesses inherit the choice
+    rows = {what: (value, note) for what, value, note in machine.rows()}
+    assert rows["compute capability"] == ("7.5", "emulated; the real GPU is 9.0")
+    assert rows["GPU memory total"] == ("15.0 GiB", "capped at Colab T4's 15 GiB")
+    assert "Colab T4: fp16 (no native bf16)" in machine.verdict()[0]
+
+
+def test_emulation_from_the_environment_variable(clean_env):
+    clean_env.setenv("KIT_EMULATE", " T4 ")
+    assert env.resolve_emulation().name == "t4"
+    clean_env.setenv("KIT_EMULATE", "none")
+    assert env.resolve_emulation() is None
+
+
+def test_unknown_emulation_names_the_valid_values(clean_env):
+    with pytest.raises(env.KitSetupError, match=r"unknown emulation 'a100': valid values are 't4' or 'none'"):
+        env.resolve_emulation("a100")
+    clean_env.setenv("KIT_EMULATE", "v100")
+    with pytest.raises(env.KitSetupError, match="KIT_EMULATE=t4"):
+        env.describe()
+
+
+def test_smoke_mode(clean_env):
+    assert env.smoke_mode(cuda_available=False) is True
+    assert env.smoke_mode(cuda_available=True) is False
+    clean_env.setenv("KIT_SMOKE", "1")
+    assert env.smoke_mode(cuda_available=True) is True
+
+
+def test_no_gpu_is_not_an_error(clean_env):
+    machine = env.describe()  # this CI machine has no GPU
+    if machine.has_gpu:
+        pytest.skip("this machine has a GPU")
+    assert machine.smoke and machine.precision == "fp32" and machine.gpu_count == 0
+    assert env.check_gpu_cap(machine) is None
+    assert "No GPU" in machine.verdict()[0]
+    assert "GPU" in str(machine) and "<table>" in machine._repr_html_()
+
+
+def test_free_port_skips_a_taken_port():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        found = env.free_port(start=port)
+        assert found != port and found > port
+    with pytest.raises(env.KitSetupError, match="no free port"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            env.free_port(start=taken.getsockname()[1], tries=1)
+
+
+def test_single_process_dist_is_idempotent_and_keeps_a_launchers_values(clean_env):
+    first = env.setup_single_process_dist()
+    assert set(first) == set(DIST_KEYS) and first["WORLD_SIZE"] == "1" and first["RANK"] == "0"
+    assert env.setup_single_process_dist() == first
+    for key in DIST_KEYS:
+        clean_env.delenv(key)
+    clean_env.setenv("MASTER_PORT", "31234")
+    assert env.setup_single_process_dist()["MASTER_PORT"] == "31234"
+
+
+def test_dist_roundtrip_starts_and_stops_a_group(clean_env):
+    import torch.distributed as dist
+
+    assert env.dist_roundtrip() is True
+    assert not dist.is_initialized()
+    assert env.dist_roundtrip() is True  # a second time, on the same variables
+
+
+def test_platform_detection():
+    assert env.detect_platform({}, {"google.colab": object()}) == "colab"
+    assert env.detect_platform({"COLAB_RELEASE_TAG": "x"}, {}) == "colab"
+    assert env.detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, {}) == "kaggle"
+    assert env.detect_platform({}, {}) == "local"
+
+
+def test_missing_deepspeed_gives_the_exact_install_command(clean_env):
+    import importlib
+
+    real_import = importlib.import_module
+    clean_env.setattr(env, "version_of", lambda name: None if name == "deepspeed" else "1.0")
+
+    def fake_import(name, *args):
+        if name == "deepspeed":
+            raise ImportError("No module named 'deepspeed'")
+        return real_import(name, *args)
+
+    clean_env.setattr(importlib, "import_module", fake_import)
+    command = 'pip install "deepspeed>=0.19.5,<0.20"'
+    assert env.install_command("deepspeed") == command
+    machine = env.describe()
+    assert any(command in line for line in machine.verdict())
+    assert ("DeepSpeed", "missing", command) in machine.rows()
+    table = str(env.package_table(("torch", "deepspeed")))
+    assert command in table and "missing" in table
+    checks = env.check_invariants(machine)
+    with pytest.raises(AssertionError, match="DeepSpeed imports"):
+        env.assert_checks(checks)
+
+
+def test_nvcc_version_is_parsed_from_cuda_home(clean_env, tmp_path):
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    nvcc.chmod(0o755)
+    clean_env.setenv("CUDA_HOME", str(tmp_path))
+    assert env.nvcc_version() == "12.4"
+
+
+def test_nvidia_smi_absent_is_explained(clean_env):
+    clean_env.setattr(env.shutil, "which", lambda name: None)
+    assert "no NVIDIA driver" in env.nvidia_smi()
+
+
+def test_summary_reads_the_same_on_any_machine(clean_env):
+    machine = env.describe()
+    text = env.summary(machine, env.check_invariants(machine))
+    assert text.splitlines()[0] == "all checks held: True"
+    assert "a T4 trains in: fp16 (native bf16: False)" in text
+    assert machine.gpu_name is None or machine.gpu_name not in text

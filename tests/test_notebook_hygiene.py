@@ -1,0 +1,83 @@
+"""Every notebook keeps the rules nbval needs; the checker itself catches each broken rule."""
+
+import copy
+import json
+
+import pytest
+
+from tools import nbtool
+
+NOTEBOOKS = nbtool.notebook_paths()
+
+
+def test_there_are_notebooks():
+    assert [p.name for p in NOTEBOOKS][:1] == ["01_gpu_check_and_install.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_clean(path):
+    assert nbtool.problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_a_checked_summary_last(path):
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    assert nbtool.is_checked(cells[-1])
+
+
+def _broken(tmp_path, change):
+    src = nbtool.NOTEBOOKS / "01_gpu_check_and_install.ipynb"
+    nb = json.loads(src.read_text())
+    change(nb["cells"], nb)
+    path = nbtool.NOTEBOOKS / "zz_hygiene_probe.ipynb"  # must sit in notebooks/ for the badge rule
+    path.write_text(json.dumps(nb))
+    try:
+        return " | ".join(nbtool.problems(path))
+    finally:
+        path.unlink()
+
+
+def _code(cells, checked):
+    return next(c for c in cells if c["cell_type"] == "code" and nbtool.is_checked(c) == checked
+                and not nbtool.source(c).startswith("# Setup"))
+
+
+BREAKAGES = {
+    "output with no count": (lambda cells, nb: _code(cells, True).update(execution_count=None),
+                             "no execution count"),
+    "checked cell without output": (lambda cells, nb: _code(cells, True).update(outputs=[]),
+                                    "checks nothing"),
+    "output on an unchecked cell": (lambda cells, nb: _code(cells, False).update(
+        outputs=[{"output_type": "stream", "name": "stdout", "text": "x"}], execution_count=1),
+        "outputs stored on an unchecked cell"),
+    "misspelled marker": (lambda cells, nb: _code(cells, False).update(source="# NBVAL_CHECK_OUPUT\nx = 1"),
+                          "not one nbval knows"),
+    "marker not alone": (lambda cells, nb: _code(cells, False).update(source="#NBVAL_SKIP\nx = 1"),
+                         "alone on its line"),
+    "wrong kernel": (lambda cells, nb: nb["metadata"]["kernelspec"].update(name="python2"),
+                     "kernelspec is 'python2'"),
+    "badge of another notebook": (lambda cells, nb: None, "lacks the Colab badge for its own path"),
+    "edited setup cell": (lambda cells, nb: next(c for c in cells if nbtool.source(c).startswith("# Setup"))
+                          .update(source=nbtool.colab.setup_cell_source() + "\nx = 1"), "differs from helpers/colab.py"),
+    "no parameters cell": (lambda cells, nb: [c["metadata"].pop("tags", None) for c in cells], "tagged 'parameters'"),
+}
+
+
+@pytest.mark.parametrize("name", BREAKAGES)
+def test_checker_catches(name, tmp_path):
+    change, message = BREAKAGES[name]
+    assert message in _broken(tmp_path, change)
+
+
+def test_clear_keeps_only_checked_outputs():
+    nb = json.loads((nbtool.NOTEBOOKS / "01_gpu_check_and_install.ipynb").read_text())
+    dirty = copy.deepcopy(nb)
+    for cell in dirty["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"].append({"output_type": "stream", "name": "stderr", "text": "noise"})
+            cell["execution_count"] = cell["execution_count"] or 3
+    cleaned = nbtool.clear(dirty)
+    for before, after in zip(nb["cells"], cleaned["cells"]):
+        if after["cell_type"] == "code":
+            assert after["outputs"] == before["outputs"]
+            assert (after["execution_count"] is None) != nbtool.is_checked(after)
