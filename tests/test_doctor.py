@@ -1,0 +1,186 @@
+"""helpers.doctor: diagnoses from injected facts, the verdict, build-log triage, and the real ops."""
+
+import dataclasses
+import os
+import re
+
+import pytest
+
+from helpers import doctor
+from helpers.doctor import FIX, NOT_HERE, READY, Facts, OpStatus
+
+COLAB_T4 = Facts(has_gpu=True, capability=(7, 5), torch_cuda="12.4", nvcc="12.5", cuda_home="/usr/local/cuda",
+                 ninja=True, compiler="/usr/bin/c++", libaio=True, arch_list="7.5", shm_bytes=6 * 2**30,
+                 ram_budget_bytes=int(12.7e9), platform="colab", gpu_count=1)
+
+
+def t4(**changes) -> Facts:
+    return dataclasses.replace(COLAB_T4, **changes)
+
+
+def keys(facts: Facts) -> set[str]:
+    return {d.key for d in doctor.diagnose(facts)}
+
+
+def only(facts: Facts, key: str) -> doctor.Diagnosis:
+    found = [d for d in doctor.diagnose(facts) if d.key == key]
+    assert len(found) == 1, doctor.diagnose(facts)
+    return found[0]
+
+
+def test_a_healthy_colab_t4_has_nothing_to_fix():
+    assert doctor.diagnose(COLAB_T4) == []
+
+
+def test_mismatched_nvcc_major_is_an_error_with_both_fixes():
+    d = only(t4(nvcc="11.8"), "cuda_mismatch")
+    assert d.level == "error" and "nvcc is CUDA 11.8 but torch was built for CUDA 12.4" in d.problem
+    assert "CUDA 12.x toolkit" in d.fix and "whl/cu118" in d.fix
+    assert "cuda_mismatch" not in keys(t4(nvcc="12.1"))  # same major: DeepSpeed accepts it
+
+
+def test_no_nvcc_explains_and_offers_torch_adam():
+    d = only(t4(nvcc=None, cuda_home=None), "no_nvcc")
+    assert d.level == "error" and "CUDA_HOME is unset" in d.problem
+    assert "cuda-toolkit-12-4" in d.fix and '"torch_adam": true' in d.fix
+
+
+def test_missing_libaio_names_apt_and_the_colab_flag():
+    d = only(t4(libaio=False), "no_libaio")
+    assert d.affects == ("NVMe offload",)
+    assert d.fix.startswith("apt-get install -y libaio-dev") and "INSTALL_LIBAIO = True" in d.fix
+    assert "INSTALL_LIBAIO" not in only(t4(libaio=False, platform="local"), "no_libaio").fix
+
+
+@pytest.mark.parametrize("arch, key", [
+    (None, "arch_list_unset"), ("", "arch_list_unset"), ("8.0;9.0a", "arch_list_bad"), ("sm_75", "arch_list_bad"),
+    ("8.0 8.6", "arch_list_misses_gpu"),
+])
+def test_arch_list_problems_fix_to_this_gpus_capability(arch, key):
+    d = only(t4(arch_list=arch), key)
+    assert 'TORCH_CUDA_ARCH_LIST"] = "7.5"' in d.fix
+    if key == "arch_list_unset":
+        assert "invalid literal for int() with base 10: '0a'" in d.explanation
+
+
+@pytest.mark.parametrize("arch", ["7.5", "7.5+PTX", "7.0;7.5", "7.5 8.0"])
+def test_good_arch_lists_pass(arch):
+    assert not {k for k in keys(t4(arch_list=arch)) if k.startswith("arch")}
+
+
+def test_small_shm_and_small_ram():
+    assert "--shm-size=1g" in only(t4(shm_bytes=64 * 2**20), "shm_small").fix
+    d = only(t4(ram_budget_bytes=8 * 10**9), "ram_small")
+    assert "Fits: GPT-2 124M" in d.explanation and "NVMe offload" in d.fix
+
+
+def test_bf16_asked_for_on_a_t4_says_use_fp16():
+    d = only(t4(requested_precision="bf16"), "bf16_unsupported")
+    assert "capability 7.5" in d.problem and '"fp16": {"enabled": true}' in d.fix
+    assert "bf16_unsupported" not in keys(t4(capability=(8, 0), arch_list="8.0", requested_precision="bf16"))
+
+
+def test_no_gpu_is_explained_not_an_error():
+    facts = t4(has_gpu=False, capability=None, torch_cuda=None, nvcc=None, arch_list=None, gpu_count=0, platform="local")
+    found = doctor.diagnose(facts)
+    assert [d.key for d in found] == ["no_gpu"] and found[0].level == "info"
+
+
+def test_missing_ninja_and_compiler():
+    assert only(t4(ninja=False), "no_ninja").fix == 'pip install "ninja>=1.11"'
+    assert "build-essential" in only(t4(compiler=None), "no_compiler").fix
+
+
+def _ops(**loads):
+    return [OpStatus(name, "", False, True, loads=ok, why="" if ok else f"{name} failed") for name, ok in loads.items()]
+
+
+def test_verdict_on_a_ready_t4():
+    rows = dict((c, s) for c, s, _ in doctor.verdict(COLAB_T4, _ops(fused_adam=True, cpu_adam=True, async_io=True), []))
+    assert rows == {"fp16 training": READY, "bf16 training": NOT_HERE, "ZeRO 1/2/3": READY, "CPU offload": READY,
+                    "NVMe offload": READY, "multi-GPU": NOT_HERE}
+
+
+def test_verdict_carries_the_fix_when_fused_adam_fails_on_a_bad_arch_list():
+    facts = t4(arch_list="9.0a")
+    rows = {c: (s, why) for c, s, why in doctor.verdict(facts, _ops(fused_adam=False, cpu_adam=True, async_io=True),
+                                                         doctor.diagnose(facts))}
+    assert rows["fp16 training"][0] == FIX and 'TORCH_CUDA_ARCH_LIST"] = "7.5"' in rows["fp16 training"][1]
+    assert rows["CPU offload"][0] == READY
+
+
+def test_verdict_without_libaio_says_not_here_with_the_fix():
+    facts = t4(libaio=False)
+    ops = _ops(fused_adam=True, cpu_adam=True) + [OpStatus("async_io", "", False, False, "libaio missing", loads=False)]
+    row = next(r for r in doctor.verdict(facts, ops, doctor.diagnose(facts)) if r[0] == "NVMe offload")
+    assert row[1] == NOT_HERE and "apt-get install -y libaio-dev" in row[2]
+
+
+def test_verdict_on_two_gpus_and_on_a_cpu():
+    two = dict((c, s) for c, s, _ in doctor.verdict(t4(gpu_count=2), _ops(fused_adam=True, cpu_adam=True, async_io=True), []))
+    assert two["multi-GPU"] == READY
+    cpu = t4(has_gpu=False, capability=None, gpu_count=0)
+    rows = dict((c, s) for c, s, _ in doctor.verdict(cpu, _ops(fused_adam=True, cpu_adam=True, async_io=False), []))
+    assert rows["fp16 training"] == NOT_HERE and rows["ZeRO 1/2/3"] == READY and rows["NVMe offload"] == FIX
+
+
+FAILED_BUILD = "\n".join(
+    ["[1/3] c++ -c something.cpp"] * 50
+    + ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>',
+       "  File \"/site-packages/torch/utils/cpp_extension.py\", line 2400, in _get_cuda_arch_flags",
+       "ValueError: invalid literal for int() with base 10: '0a'"] + ["noise"] * 200)
+
+
+def test_build_log_is_cut_to_the_relevant_lines_and_diagnosed():
+    lines = doctor.relevant_lines(FAILED_BUILD)
+    assert lines == ["ValueError: invalid literal for int() with base 10: '0a'"]
+    assert "TORCH_CUDA_ARCH_LIST" in doctor.diagnose_build_log(lines)
+    assert "libaio-dev" in doctor.diagnose_build_log(["fatal error: libaio.h: No such file or directory"])
+
+
+def test_parse_arch_list():
+    assert doctor.parse_arch_list("7.5;8.0 9.0+PTX") == ["7.5", "8.0", "9.0+PTX"]
+    assert doctor.parse_arch_list("10.0a") is None and doctor.parse_arch_list(" ") is None
+
+
+def test_apply_safe_fixes_sets_only_a_missing_or_broken_arch_list(monkeypatch):
+    from helpers import env
+
+    machine = env.describe()
+    machine = dataclasses.replace(machine, real_capability=(7, 5))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert doctor.apply_safe_fixes(machine) == ["TORCH_CUDA_ARCH_LIST=7.5 (was '9.0a')"]
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "7.5"
+    assert doctor.apply_safe_fixes(machine) == []
+    assert doctor.apply_safe_fixes(dataclasses.replace(machine, real_capability=None)) == []
+
+
+# ---- this machine, through DeepSpeed's real builders -------------------------------------------------
+
+
+def test_real_report_and_prebuild_make_cpu_adam_loadable():
+    report = {s.name: s for s in doctor.op_report(["cpu_adam", "async_io"])}
+    assert report["cpu_adam"].compatible
+    assert report["async_io"].compatible == doctor.libaio_available()
+    if not report["async_io"].compatible:
+        assert "libaio" in report["async_io"].why
+    built = doctor.prebuild(["cpu_adam"], progress=False)[0]
+    assert built.loads is True and built.seconds > 0, built
+
+
+def test_a_failing_build_is_reported_not_raised(monkeypatch):
+    monkeypatch.setattr(doctor, "op_report", lambda names: [OpStatus(names[0], "", False, True)])
+    status = doctor.build_op("no_such_op_anywhere")
+    assert status.loads is False and status.why
+
+
+def test_ds_report_text_has_no_colour_codes():
+    text = doctor.ds_report_text()
+    assert "DeepSpeed C++/CUDA extension op report" in text and "\x1b[" not in text
+    html = doctor.ds_report_text(html=True)
+    assert html.startswith("<pre") and "\x1b[" not in html and re.search(r"color:(green|darkorange)", html)
+
+
+def test_install_libaio_without_run_only_prints(monkeypatch):
+    monkeypatch.setattr(doctor, "libaio_available", lambda: False)
+    assert doctor.install_libaio(run=False) == "Not run. To enable NVMe offload: apt-get install -y libaio-dev"
