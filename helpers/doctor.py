@@ -51,7 +51,7 @@ class Facts:
     """What the diagnoses look at; every field can be injected by a test."""
 
     has_gpu: bool
-    capability: tuple[int, int] | None  # real capability: what compiled kernels must run on
+    capability: tuple[int, int] | None  # as the kit sees it (7.5 under T4 emulation): precision decisions
     torch_cuda: str | None
     nvcc: str | None
     cuda_home: str | None
@@ -64,6 +64,13 @@ class Facts:
     platform: str = "local"
     gpu_count: int = 0
     requested_precision: str | None = None
+    build_capability: tuple[int, int] | None = None  # the real GPU's: what compiled kernels must run on
+
+    @property
+    def arch(self) -> str | None:
+        """The capability compiled ops must target, as 'major.minor' (the real GPU's, even under emulation)."""
+        cc = self.build_capability or self.capability
+        return f"{cc[0]}.{cc[1]}" if cc else None
 
 
 @dataclass
@@ -90,7 +97,8 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
         shm_bytes = None
     return Facts(
         has_gpu=environment.has_gpu,
-        capability=environment.real_capability,
+        capability=environment.capability,
+        build_capability=environment.real_capability,
         torch_cuda=environment.torch_cuda,
         nvcc=environment.nvcc,
         cuda_home=cpp.CUDA_HOME,
@@ -176,6 +184,7 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
             f"{LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
             "LDFLAGS=-L<dir>/lib before starting Python.", ("NVMe offload",)))
     if facts.has_gpu:
+        arch = facts.arch
         tokens = parse_arch_list(facts.arch_list) if facts.arch_list else None
         if facts.arch_list is None or not facts.arch_list.strip():
             out.append(Diagnosis(
@@ -183,20 +192,20 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
                 "DeepSpeed then compiles CUDA ops for several architectures (slower) from torch's own arch "
                 "list, whose parsing was seen failing with \"ValueError: invalid literal for int() with base "
                 "10: '0a'\".",
-                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{cc}" before the first build (doctor.apply_safe_fixes() '
+                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{arch}" before the first build (doctor.apply_safe_fixes() '
                 "does it): one architecture, this GPU's.", ("fp16 training", "bf16 training")))
         elif tokens is None:
             out.append(Diagnosis(
                 "arch_list_bad", "error", f"TORCH_CUDA_ARCH_LIST={facts.arch_list!r} cannot be parsed.",
                 "FusedAdam's JIT build fails with \"ValueError: invalid literal for int() with base 10\" "
                 "on such a value.",
-                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{cc}"', ("fp16 training", "bf16 training", "ZeRO 1/2/3")))
-        elif cc and not any(t.split("+")[0] == cc for t in tokens):
+                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{arch}"', ("fp16 training", "bf16 training", "ZeRO 1/2/3")))
+        elif arch and not any(t.split("+")[0] == arch for t in tokens):
             out.append(Diagnosis(
                 "arch_list_misses_gpu", "error",
-                f"TORCH_CUDA_ARCH_LIST={facts.arch_list!r} leaves out this GPU's capability {cc}.",
+                f"TORCH_CUDA_ARCH_LIST={facts.arch_list!r} leaves out this GPU's capability {arch}.",
                 "Ops compiled only for other architectures fail to launch on this GPU.",
-                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{cc}"', ("fp16 training", "bf16 training")))
+                f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{arch}"', ("fp16 training", "bf16 training")))
     if facts.shm_bytes is not None and facts.shm_bytes < SHM_MIN_BYTES:
         out.append(Diagnosis(
             "shm_small", "warning", f"/dev/shm is {facts.shm_bytes / 2**20:.0f} MiB.",

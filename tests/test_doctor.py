@@ -184,3 +184,20 @@ def test_ds_report_text_has_no_colour_codes():
 def test_install_libaio_without_run_only_prints(monkeypatch):
     monkeypatch.setattr(doctor, "libaio_available", lambda: False)
     assert doctor.install_libaio(run=False) == "Not run. To enable NVMe offload: apt-get install -y libaio-dev"
+
+
+def test_under_t4_emulation_bf16_is_not_here_but_ops_target_the_real_gpu():
+    h200_as_t4 = t4(build_capability=(9, 0), arch_list=None)
+    rows = dict((c, s) for c, s, _ in doctor.verdict(h200_as_t4, _ops(fused_adam=True, cpu_adam=True, async_io=True), []))
+    assert rows["bf16 training"] == NOT_HERE
+    assert 'TORCH_CUDA_ARCH_LIST"] = "9.0"' in only(h200_as_t4, "arch_list_unset").fix
+    assert "arch_list_misses_gpu" not in keys(t4(build_capability=(9, 0), arch_list="9.0"))
+    assert "bf16_unsupported" in keys(t4(build_capability=(9, 0), arch_list="9.0", requested_precision="bf16"))
+
+
+def test_gather_facts_keeps_the_emulated_and_the_real_capability(monkeypatch):
+    from helpers import env
+
+    machine = dataclasses.replace(env.describe(), gpu_name="H200", gpu_count=1, capability=(7, 5), real_capability=(9, 0))
+    facts = doctor.gather_facts(machine)
+    assert facts.capability == (7, 5) and facts.build_capability == (9, 0) and facts.arch == "9.0"

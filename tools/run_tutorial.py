@@ -33,7 +33,7 @@ def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[bool, float, str]:
     try:
         client.execute()
     except CellExecutionError as err:
-        error = str(err).strip().splitlines()[-1] if str(err).strip() else "a cell failed"
+        error = f"{err.ename}: {err.evalue}" if getattr(err, "ename", None) else "a cell failed"
     except Exception as err:  # a dead kernel, a timeout: still keep what ran
         error = f"{type(err).__name__}: {err}"
     seconds = time.perf_counter() - start
