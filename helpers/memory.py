@@ -30,3 +30,184 @@ def cpu_offload_max_params(ram_bytes: int) -> int:
     """The largest parameter count whose ZeRO-2 CPU-offload run fits in ``ram_bytes`` of host RAM."""
     room = ram_bytes - PROCESS_BASE_HOST_BYTES
     return max(0, int(room / CPU_OFFLOAD_HOST_BYTES_PER_PARAM))
+
+
+# ---- the estimator -------------------------------------------------------------------------------------
+
+from dataclasses import dataclass, field  # noqa: E402
+
+GB = 10**9
+#: Bytes per element of half-precision weights/activations, and the fp32 extras of mixed precision.
+HALF, FP32 = 2, 4
+#: Activation bytes per token per hidden unit of one transformer layer in half precision, without
+#: checkpointing (Korthikanti et al. 2022: 34 s b h, attention scores left out since PyTorch's SDPA
+#: kernels do not store them). Checked against the GPU measurements in GPU_RUNS.md.
+LAYER_ACT_BYTES_PER_TOKEN_HIDDEN = 34
+#: Bytes per logit at the loss: fp16 logits, their fp32 upcast in the loss, and both gradients.
+LOGIT_BYTES = HALF + FP32 + FP32 + HALF
+#: Host RSS of a process that imported torch and DeepSpeed, before any model: CUDA context and
+#: libraries on a GPU machine, libraries only on a CPU one.
+HOST_BASE_GPU = int(2.1 * GiB)
+HOST_BASE_CPU = int(0.9 * GiB)
+
+
+@dataclass
+class ModelInfo:
+    """What the estimator needs to know about a model; from_config counts on the meta device."""
+
+    n_params: int
+    largest_param_numel: int
+    n_layer: int
+    hidden: int
+    heads: int
+    vocab: int
+    name: str = ""
+
+    @classmethod
+    def from_config(cls, config, name: str = "") -> "ModelInfo":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        sizes = [p.numel() for p in model.parameters()]
+        return cls(n_params=sum(sizes), largest_param_numel=max(sizes), n_layer=config.num_hidden_layers,
+                   hidden=config.hidden_size, heads=config.num_attention_heads, vocab=config.vocab_size, name=name)
+
+    @classmethod
+    def gpt2(cls, shape: str, vocab_size: int | None = None) -> "ModelInfo":
+        from helpers import models
+
+        return cls.from_config(models.gpt2_config(shape, vocab_size), name=shape)
+
+    @classmethod
+    def from_count(cls, n_params: int, name: str = "") -> "ModelInfo":
+        """A GPT-2-like shape for a bare parameter count (width from 12 h^2 per layer, 48 layers max)."""
+        layers = 12 if n_params < 2e8 else 24 if n_params < 5e8 else 36 if n_params < 1e9 else 48
+        hidden = int(((n_params - 50257 * 1024) / (12 * layers)) ** 0.5 // 64 * 64) or 64
+        return cls(n_params, max(50257 * hidden, 4 * hidden * hidden), layers, hidden, max(1, hidden // 64), 50257, name)
+
+
+@dataclass
+class Estimate:
+    """Predicted bytes per place (gpu, cpu, nvme) and kind (params, grads, optimizer, activations, buffers)."""
+
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def total(self, place: str) -> int:
+        return sum(self.parts.get(place, {}).values())
+
+    def add(self, place: str, kind: str, nbytes: float) -> None:
+        if nbytes:
+            self.parts.setdefault(place, {}).setdefault(kind, 0)
+            self.parts[place][kind] += int(nbytes)
+
+
+def _zero(config: dict) -> dict:
+    return config.get("zero_optimization", {}) or {}
+
+
+def _half(config: dict) -> bool:
+    return any((config.get(k) or {}).get("enabled") not in (False, None) for k in ("fp16", "bf16"))
+
+
+def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: int = 4, seq_len: int = 512,
+             grad_ckpt: bool = True, on_gpu: bool = True, zero_init: bool = False) -> Estimate:
+    """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
+
+    Model states follow the ZeRO paper (mixed-precision Adam: 2 + 2 + 12 bytes per parameter,
+    partitioned 12/N at stage 1, 14/N at stage 2, 16/N at stage 3). Activations follow
+    Korthikanti et al. (34 bytes per token per hidden unit and layer; with checkpointing, one
+    layer's input per layer plus one layer recomputed) and the loss's logits. DeepSpeed's buffers
+    come from the config's bucket sizes. The optimizer step of stages 0-2 adds temporaries the
+    paper leaves out (fp32 gradient copies: the step peaks at 24 bytes per parameter at stage 0 and
+    2 + 2 + 18/N at stages 1-2, measured on GPT-2 124M and 355M, GPU_RUNS.md); the GPU figure is
+    the larger of the backward and the step. Host RAM adds the process base and the fp32 model built
+    before ``deepspeed.initialize`` (unless ``zero_init`` builds it partitioned).
+    """
+    zero = _zero(config)
+    stage = int(zero.get("stage", 0))
+    n = max(1, world_size)
+    p = model.n_params
+    half = _half(config)
+    w = HALF if half else FP32  # bytes of a model weight / gradient element
+    master = FP32 if (half or stage >= 1) else 0  # fp32 master copy (DeepSpeed keeps one from stage 1 on, fp32 too)
+    opt_cfg, par_cfg = zero.get("offload_optimizer") or {}, (zero.get("offload_param") or {}) if stage == 3 else {}
+    host_opt = {"cpu": "cpu", "nvme": "nvme"}.get(opt_cfg.get("device", "none"))
+    host_par = {"cpu": "cpu", "nvme": "nvme"}.get(par_cfg.get("device", "none"))
+    est = Estimate()
+    dev = "gpu" if on_gpu else "cpu"
+
+    # parameters (the training copy: fp16/bf16, or fp32 without mixed precision)
+    params_share = p * w / (n if stage == 3 else 1)
+    if host_par is None:
+        est.add(dev, "params", params_share)
+    else:
+        est.add(host_par, "params", params_share)
+        live = min(p, int(zero.get("stage3_max_live_parameters", 1e9)))
+        est.add(dev, "params", min(live, 2 * model.largest_param_numel + int(zero.get("stage3_prefetch_bucket_size", 5e7))) * w)
+        if host_par == "nvme":
+            est.add("cpu", "buffers", int(par_cfg.get("buffer_count", 5)) * int(par_cfg.get("buffer_size", 1e8)) * w)
+    # gradients
+    if host_opt:
+        est.add("cpu", "grads", p * FP32 / n)  # the fp32 gradient partition CPU Adam reads
+    else:
+        est.add(dev, "grads", p * w / (n if stage >= 2 else 1))
+    # optimizer states: Adam's two fp32 moments plus the fp32 master weights
+    opt = p * (8 + master) / (n if stage >= 1 else 1)
+    est.add(host_opt or dev, "optimizer", opt)
+    if host_opt == "nvme":
+        est.add("cpu", "buffers", int(opt_cfg.get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * FP32)
+    # activations
+    tokens = micro_batch * seq_len
+    layer = LAYER_ACT_BYTES_PER_TOKEN_HIDDEN * tokens * model.hidden * (w / HALF)
+    acts = (model.n_layer * tokens * model.hidden * w + layer) if grad_ckpt else model.n_layer * layer
+    est.add(dev, "activations", acts + tokens * model.vocab * LOGIT_BYTES * (w / HALF))
+    # DeepSpeed's buffers: gradient reduction and parameter gathering buckets
+    if stage in (1, 2):
+        est.add(dev, "buffers", int(zero.get("reduce_bucket_size", 5e8)) * w)
+    elif stage == 3:
+        est.add(dev, "buffers", (int(zero.get("reduce_bucket_size", 5e8)) + int(zero.get("stage3_prefetch_bucket_size", 5e7))) * w)
+    # the optimizer step's temporaries (stages 0-2 without offload), when they outgrow the backward
+    if not host_opt and stage <= 2 and half:
+        step = 24 * p if stage == 0 else (2 * p + (2 * p if stage == 1 else 2 * p / n) + 18 * p / n
+                                          + est.parts.get(dev, {}).get("buffers", 0))
+        est.add(dev, "step temporaries", max(0, step - est.total(dev)))
+    # host: process base and the model as first built (fp32, whole) before DeepSpeed takes it
+    est.add("cpu", "process", HOST_BASE_GPU if on_gpu else HOST_BASE_CPU)
+    if not (stage == 3 and zero_init):
+        est.add("cpu", "model build", p * FP32)
+    if host_opt and opt_cfg.get("pin_memory"):
+        est.add("cpu", "buffers", p * HALF / n)  # pinned fp16 transfer buffer
+    return est
+
+
+def fits(est: Estimate, gpu_bytes: int | None, ram_bytes: int, disk_bytes: int | None = None) -> dict[str, bool]:
+    """Whether each place's predicted total fits the given limits (None: no such device)."""
+    out = {"cpu": est.total("cpu") <= ram_bytes}
+    if gpu_bytes is not None:
+        out["gpu"] = est.total("gpu") <= gpu_bytes
+    if est.total("nvme"):
+        out["nvme"] = disk_bytes is None or est.total("nvme") <= disk_bytes
+    return out
+
+
+def model_states_bytes_per_param(stage: int, world_size: int) -> float:
+    """The ZeRO paper's model-state bytes per parameter per GPU for mixed-precision Adam (K = 12)."""
+    n = world_size
+    return {0: 2 + 2 + 12, 1: 2 + 2 + 12 / n, 2: 2 + (2 + 12) / n, 3: (2 + 2 + 12) / n}[stage]
+
+
+def estimate_table(est: Estimate, limits: dict[str, int | None] | None = None):
+    """Predicted GiB per place and kind, with the limits beside them."""
+    from helpers.tables import Table
+
+    kinds = ["params", "grads", "optimizer", "activations", "buffers", "step temporaries", "process", "model build"]
+    rows = []
+    for place in ("gpu", "cpu", "nvme"):
+        if place not in est.parts:
+            continue
+        cells = [f"{est.parts[place].get(k, 0) / GiB:.2f}" for k in kinds]
+        limit = (limits or {}).get(place)
+        rows.append((place, *cells, f"{est.total(place) / GiB:.2f}", "-" if limit is None else f"{limit / GiB:.1f}"))
+    return Table(["where", *kinds, "total GiB", "limit GiB"], rows, title="Predicted memory")

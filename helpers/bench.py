@@ -1,0 +1,453 @@
+"""One training measurement in a fresh subprocess: a (model, DeepSpeed config) pair, N steps, JSON back.
+
+A fresh process per run means a re-run cell never inherits leaked GPU memory, a used port or a
+half-initialised process group. The parent watches the whole process tree's host RSS (and can
+kill it past a RAM budget, as Colab's out-of-memory killer would), and the disk used by NVMe files.
+
+    python -m helpers.bench --shape gpt2-124m --stage 2 --offload-optimizer cpu --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from helpers import env as kit_env
+from helpers.tables import Table
+
+OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", "out of GPU memory", "killed for host RAM", "timeout", "error"
+FAKE_OOM_ENV = "KIT_BENCH_FAKE_OOM"  # test hook: the worker raises an out-of-memory error at step 0
+
+
+@dataclass
+class RunSpec:
+    """What to run: a GPT-2-shaped model, a DeepSpeed config, and the sizes of the batches."""
+
+    ds_config: dict
+    shape: str = "tiny"
+    vocab_size: int | None = None  # None: GPT-2's 50257
+    seq_len: int = 64
+    micro_batch: int = 2
+    steps: int = 4
+    grad_ckpt: bool = False
+    seed: int = 0
+    world_size: int = 1
+    label: str = ""
+    gpu_cap_bytes: int | None = None  # cap GPU memory for this run (tests provoke OOM with it)
+    ram_limit_bytes: int | None = None  # kill the run when its process tree's RSS passes this
+    timeout_s: int = 1800
+    zero_init: bool = False  # ZeRO-3: build the model partitioned (low host RAM; other random init than stage 0)
+
+
+@dataclass
+class RunResult:
+    """The JSON a run returns. Byte counts are per rank; peaks are the largest over ranks."""
+
+    label: str
+    status: str
+    message: str = ""
+    world_size: int = 1
+    n_params: int = 0
+    steps_done: int = 0
+    losses: list[float] = field(default_factory=list)
+    loss_scales: list[float] = field(default_factory=list)
+    skipped_steps: int = 0
+    step_times_s: list[float] = field(default_factory=list)
+    median_step_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    peak_host_rss_bytes: int = 0
+    peak_nvme_bytes: int = 0
+    wall_s: float = 0.0
+    ranks: list[dict] = field(default_factory=list)
+
+
+# ---- what a rank holds -------------------------------------------------------------------------------
+
+
+def _tensors(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _unique_bytes(tensors, exclude: list | None = None) -> tuple[int, list]:
+    """Bytes covered by ``tensors``, overlaps (views of one buffer) counted once, minus ``exclude``.
+
+    Views are counted at their own extent, not their storage's: ZeRO's partitions are views into
+    flat buffers, and a rank holds only its view's worth. Returns (bytes, the intervals counted).
+    """
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                   for t in tensors if t is not None and t.numel() > 0)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    total = sum(hi - lo for lo, hi in merged)
+    for lo, hi in exclude or []:
+        total -= sum(max(0, min(hi, b) - max(lo, a)) for a, b in merged)
+    return total, merged
+
+
+def held_bytes(engine) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer states this rank holds (call after backward).
+
+    Parameters: the model's weights as stored here (ZeRO-3: this rank's partition, ``ds_tensor``).
+    Gradients: the model's .grad plus the ZeRO optimizer's gradient partitions and buffers.
+    Optimizer states: the inner optimizer's state (Adam's moments) plus fp32 master weights that are
+    distinct from the model's weights. Offloaded tensors count too: the split by device is in
+    ``*_gpu`` keys.
+    """
+    model, opt = engine.module, engine.optimizer
+    params = [getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.data for p in model.parameters()]
+    param_bytes, param_keys = _unique_bytes(params)
+    grads = [p.grad for p in model.parameters()]
+    for name in ("grads_in_partition", "grad_partitions_flat_buffer", "averaged_gradients"):
+        grads += list(_tensors(getattr(opt, name, None)))
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat"):
+        grads += [t.grad for t in _tensors(getattr(opt, name, None))]
+    grad_bytes, _ = _unique_bytes(grads, exclude=param_keys)
+    inner = getattr(opt, "optimizer", opt)
+    masters = [p for group in getattr(inner, "param_groups", []) for p in group["params"]]
+    states = list(_tensors(list(getattr(inner, "state", {}).values())))
+    opt_bytes, _ = _unique_bytes(masters + states, exclude=param_keys)
+    gpu = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None and t.is_cuda)
+    return {"params_bytes": param_bytes, "grads_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
+            "params_gpu_bytes": gpu(params), "optimizer_gpu_bytes": gpu(masters + states)}
+
+
+# ---- the worker (inside the subprocess) ------------------------------------------------------------------
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def _worker(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    out_dir = Path(spec.pop("out_dir"))
+    rank = int(os.environ.get("RANK", "0"))
+    result: dict = {"rank": rank, "status": ERROR, "message": ""}
+    try:
+        _train_steps(RunSpec(**spec), result)
+        result["status"] = OK
+    except BaseException as err:  # report every failure as JSON; the parent explains it
+        result["status"] = OOM if _is_oom(err) else ERROR
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        result["message"] = f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
+    finally:
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    return 0 if result["status"] == OK else 3
+
+
+def _train_steps(spec: RunSpec, result: dict) -> None:
+    import torch
+
+    from helpers import data, models
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        kit_env.apply_emulation(kit_env.resolve_emulation(), kit_env._gpu_facts())
+        if spec.gpu_cap_bytes:
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))
+    kit_env.setup_single_process_dist()
+    import deepspeed
+
+    config = dict(spec.ds_config)
+    model_config = models.gpt2_config(spec.shape, spec.vocab_size, n_positions=max(1024, spec.seq_len))
+    keep_alive = None
+    if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
+        # Partitioned construction with HF's weight init (a bare zero.Init started at loss ~100).
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive = HfDeepSpeedConfig(config)
+    model = models.build_model(model_config, seed=spec.seed)
+    if spec.grad_ckpt:
+        model.gradient_checkpointing_enable()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    tokenizer = models.ByteTokenizer()
+    corpus = data.offline_corpus(max(50_000, spec.seq_len * spec.micro_batch * (spec.steps + 2) * 2), seed=spec.seed)
+    rank = int(os.environ.get("RANK", "0"))
+    steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
+    losses, times, scales = [], [], []
+    for step, batch in enumerate(steps):
+        if step == 0 and os.environ.get(FAKE_OOM_ENV) == "1":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+        batch = batch.to(engine.device)
+        start = time.perf_counter()
+        loss = engine(input_ids=batch, labels=batch).loss
+        engine.backward(loss)
+        if step == 0:
+            result["grads_bytes"] = held_bytes(engine)["grads_bytes"]
+        engine.step()
+        if step == 0:  # Adam's moments exist after the first step
+            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.item()))
+        scale = getattr(engine.optimizer, "loss_scale", None)
+        scales.append(float(scale) if isinstance(scale, (int, float)) else float(getattr(scale, "item", lambda: 1.0)()))
+    result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
+                  skipped_steps=int(getattr(engine, "skipped_steps", 0)))
+    if cuda:
+        result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    del keep_alive
+
+
+# ---- the parent -------------------------------------------------------------------------------------------
+
+
+def _tree_rss(proc) -> int:
+    import psutil
+
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _folder_bytes(path: str | None) -> int:
+    if not path or not os.path.isdir(path):
+        return 0
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def nvme_path(config: dict) -> str | None:
+    """The NVMe offload folder a config writes to, if any."""
+    zero = config.get("zero_optimization", {})
+    for key in ("offload_param", "offload_optimizer"):
+        if zero.get(key, {}).get("device") == "nvme":
+            return zero[key].get("nvme_path")
+    return None
+
+
+def _child_env(world_size: int) -> dict[str, str]:
+    child = dict(os.environ)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        child.pop(key, None)
+    child.setdefault("PYTHONUNBUFFERED", "1")
+    root = str(kit_env.REPO_ROOT)
+    child["PYTHONPATH"] = root + (os.pathsep + child["PYTHONPATH"] if child.get("PYTHONPATH") else "")
+    if world_size == 1:
+        child["MASTER_PORT"] = str(kit_env.free_port())
+    return child
+
+
+def run(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
+    """Run ``spec`` in a fresh subprocess (``torchrun`` for world size > 1) and return its result."""
+    import psutil
+
+    work = Path(tempfile.mkdtemp(prefix="kit_bench_"))
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps({**asdict(spec), "out_dir": str(work)}))
+    worker = ["-m", "helpers.bench", "--worker", str(spec_path)]
+    if spec.world_size == 1:
+        cmd = [sys.executable, *worker]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
+               "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()), *worker]
+    log_file = open(log_path or work / "log.txt", "w")
+    nvme = nvme_path(spec.ds_config)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),
+                            env=_child_env(spec.world_size), start_new_session=True)
+    watched = psutil.Process(proc.pid)
+    peak_rss = peak_nvme = 0
+    forced = ""
+    last_disk = 0.0
+    while proc.poll() is None:
+        peak_rss = max(peak_rss, _tree_rss(watched))
+        if nvme and time.perf_counter() - last_disk > 1.0:
+            peak_nvme, last_disk = max(peak_nvme, _folder_bytes(nvme)), time.perf_counter()
+        if spec.ram_limit_bytes and peak_rss > spec.ram_limit_bytes:
+            forced = KILLED_RAM
+        elif time.perf_counter() - start > spec.timeout_s:
+            forced = TIMEOUT
+        if forced:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        time.sleep(0.1)
+    log_file.close()
+    result = RunResult(label=spec.label or _label(spec.ds_config), status=ERROR, world_size=spec.world_size,
+                       peak_host_rss_bytes=peak_rss, peak_nvme_bytes=peak_nvme, wall_s=time.perf_counter() - start)
+    ranks = [json.loads(p.read_text()) for p in sorted(work.glob("rank*.json"))]
+    log_text = Path(log_path or work / "log.txt").read_text(errors="replace")
+    if forced == KILLED_RAM:
+        result.status = KILLED_RAM
+        result.message = (f"host RSS passed the {spec.ram_limit_bytes / kit_env.GB:.1f} GB budget "
+                          f"({peak_rss / kit_env.GB:.1f} GB): on Colab the kernel would be killed here")
+    elif forced == TIMEOUT:
+        result.status, result.message = TIMEOUT, f"stopped after {spec.timeout_s} s"
+    elif not ranks:
+        result.status = KILLED_RAM if proc.returncode in (-9, 137) else ERROR
+        result.message = ("killed by signal 9, as the kernel's out-of-memory killer does: not enough host RAM"
+                          if result.status == KILLED_RAM else _last_error(log_text) or f"exit code {proc.returncode}")
+    else:
+        _merge(result, ranks)
+    if nvme:
+        shutil.rmtree(nvme, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _last_error(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    return (errors or lines or [""])[-1][:500]
+
+
+def _merge(result: RunResult, ranks: list[dict]) -> None:
+    bad = [r for r in ranks if r["status"] != OK]
+    first = ranks[0]
+    if bad:
+        result.status = OOM if any(r["status"] == OOM for r in bad) else ERROR
+        result.message = bad[0]["message"]
+    else:
+        result.status = OK
+    result.n_params = first.get("n_params", 0)
+    result.losses = first.get("losses", [])
+    result.loss_scales = first.get("loss_scales", [])
+    result.skipped_steps = first.get("skipped_steps", 0)
+    result.steps_done = first.get("steps_done", 0)
+    result.step_times_s = first.get("step_times_s", [])
+    timed = result.step_times_s[1:] or result.step_times_s
+    if timed:
+        result.median_step_s = sorted(timed)[len(timed) // 2]
+    peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
+    result.peak_gpu_allocated_bytes = max(peaks) if peaks else None
+    reserved = [r.get("peak_gpu_reserved_bytes") for r in ranks if r.get("peak_gpu_reserved_bytes") is not None]
+    result.peak_gpu_reserved_bytes = max(reserved) if reserved else None
+    keys = ("rank", "params_bytes", "grads_bytes", "optimizer_bytes", "params_gpu_bytes", "optimizer_gpu_bytes",
+            "peak_gpu_allocated_bytes")
+    result.ranks = [{k: r.get(k) for k in keys} for r in ranks]
+
+
+#: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
+MATRIX: list[tuple[str, dict]] = [
+    ("stage 0", {"stage": 0}),
+    ("stage 1", {"stage": 1}),
+    ("stage 2", {"stage": 2}),
+    ("stage 3", {"stage": 3}),
+    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
+    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+]
+
+
+def tokens_per_step(spec: RunSpec) -> int:
+    return spec.micro_batch * spec.seq_len * spec.world_size
+
+
+def finish(result: RunResult, spec: RunSpec) -> RunResult:
+    """Fill the derived figures (tokens/s) once a run is back."""
+    if result.median_step_s:
+        result.tokens_per_s = tokens_per_step(spec) / result.median_step_s
+    return result
+
+
+def measure(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
+    """:func:`run` plus the derived figures: the call notebooks use."""
+    return finish(run(spec, log_path), spec)
+
+
+def _label(config: dict) -> str:
+    zero = config.get("zero_optimization", {})
+    label = f"stage {zero.get('stage', 0)}"
+    for key, short in (("offload_optimizer", "opt"), ("offload_param", "param")):
+        device = zero.get(key, {}).get("device", "none")
+        if device != "none":
+            label += f" + {short}->{device}"
+    return label
+
+
+def results_table(results: list[RunResult]) -> Table:
+    """The measurements side by side: status, peak GPU, peak host RSS, NVMe, step time, losses."""
+    gib = lambda b: "-" if b is None else f"{b / 2**30:.2f}"
+    rows = []
+    for r in results:
+        rows.append((r.label, r.status if r.status == OK else f"{r.status}: {r.message[:80]}",
+                     gib(r.peak_gpu_allocated_bytes), gib(r.peak_host_rss_bytes),
+                     gib(r.peak_nvme_bytes) if r.peak_nvme_bytes else "-",
+                     "-" if r.median_step_s is None else f"{r.median_step_s:.2f}",
+                     "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+                     f"{r.losses[0]:.3f} -> {r.losses[-1]:.3f}" if r.losses else "-"))
+    return Table(["config", "status", "peak GPU GiB", "peak host RSS GiB", "NVMe GiB", "s/step", "tokens/s", "loss"],
+                 rows, title="Measured runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure one DeepSpeed config on a GPT-2-shaped model, in a subprocess.")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", default="tiny")
+    parser.add_argument("--config", help="a DeepSpeed JSON config file (else built from the options below)")
+    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--offload-optimizer", default="none", choices=["none", "cpu", "nvme"])
+    parser.add_argument("--offload-param", default="none", choices=["none", "cpu", "nvme"])
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--grad-ckpt", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args.worker)
+    from helpers import config as kit_config
+
+    if args.config:
+        ds_config = kit_config.load(args.config)
+    else:
+        ds_config = kit_config.build(stage=args.stage, offload_optimizer=args.offload_optimizer,
+                                     offload_param=args.offload_param, precision=args.precision,
+                                     micro_batch=args.micro_batch, world_size=args.world_size, trainer=False)
+    spec = RunSpec(ds_config=ds_config, shape=args.shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                   steps=args.steps, grad_ckpt=args.grad_ckpt, world_size=args.world_size)
+    result = measure(spec)
+    print(json.dumps(asdict(result), indent=1) if args.json else results_table([result]))
+    return 0 if result.status == OK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Measure the stage/offload matrix on GPT-2-shaped models and print predicted vs measured memory.
+
+    KIT_EMULATE=t4 python tools/calibrate_memory.py --shapes gpt2-124m gpt2-355m --out runs.jsonl
+
+What helpers.memory's constants were checked against (GPU_RUNS.md keeps the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from helpers import bench, config, env, memory  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", nargs="+", default=["gpt2-124m", "gpt2-355m"])
+    parser.add_argument("--rows", nargs="*", help="matrix labels to run (default: all)")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", default="calibration.jsonl")
+    args = parser.parse_args(argv)
+    machine = env.describe()
+    out = open(args.out, "a")
+    for shape in args.shapes:
+        info = memory.ModelInfo.gpt2(shape)
+        for label, choice in bench.MATRIX:
+            if args.rows and label not in args.rows:
+                continue
+            ds = config.build(**choice, micro_batch=args.micro_batch, trainer=False, environment=machine,
+                              largest_param_numel=info.largest_param_numel)
+            spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
+                                 steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
+                                 zero_init=choice["stage"] == 3 and "nvme" in choice.values())
+            result = bench.measure(spec)
+            est = memory.estimate(info, ds, micro_batch=args.micro_batch, seq_len=args.seq_len, grad_ckpt=True,
+                                  on_gpu=machine.has_gpu)
+            row = {"shape": shape, "label": label, "predicted_gpu": est.total("gpu"), "predicted_cpu": est.total("cpu"),
+                   "predicted_parts": est.parts, **asdict(result)}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            gpu = result.peak_gpu_allocated_bytes
+            print(f"{spec.label:40s} {result.status:18s} gpu pred {est.total('gpu') / 2**30:6.2f} meas "
+                  f"{'-' if gpu is None else f'{gpu / 2**30:6.2f}'}  host pred {est.total('cpu') / 2**30:6.2f} meas "
+                  f"{result.peak_host_rss_bytes / 2**30:6.2f}  s/step {result.median_step_s or 0:.2f}  "
+                  f"loss {result.losses[:1]} -> {result.losses[-1:]}  {result.message[:120]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
