@@ -46,6 +46,7 @@ class RunSpec:
     ram_limit_bytes: int | None = None  # kill the run when its process tree's RSS passes this
     timeout_s: int = 1800
     zero_init: bool = False  # ZeRO-3: build the model partitioned (low host RAM; other random init than stage 0)
+    force_cpu: bool = False  # hide the GPUs: DeepSpeed's CPU accelerator, gloo between ranks
 
 
 @dataclass
@@ -261,8 +262,10 @@ def nvme_path(config: dict) -> str | None:
     return None
 
 
-def _child_env(world_size: int) -> dict[str, str]:
+def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
     child = dict(os.environ)
+    if force_cpu:
+        child.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         child.pop(key, None)
     child.setdefault("PYTHONUNBUFFERED", "1")
@@ -290,7 +293,7 @@ def run(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
     nvme = nvme_path(spec.ds_config)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),
-                            env=_child_env(spec.world_size), start_new_session=True)
+                            env=_child_env(spec.world_size, spec.force_cpu), start_new_session=True)
     watched = psutil.Process(proc.pid)
     peak_rss = peak_nvme = 0
     forced = ""

@@ -75,7 +75,7 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
             raise ConfigError(f"{name} must be one of {', '.join(OFFLOAD_DEVICES)}, not {value!r}")
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    if precision == "auto":
+    if precision == "auto" and not trainer:
         environment = environment or kit_env.describe()
         precision = environment.precision
     if pin_memory is None:
@@ -93,7 +93,11 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if precision == "fp16":
+    if precision == "auto":  # Trainer mode: TrainingArguments' --fp16 / --bf16 decide
+        config["fp16"] = {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                          "hysteresis": 2, "min_loss_scale": 1}
+        config["bf16"] = {"enabled": "auto"}
+    elif precision == "fp16":
         config["fp16"] = {"enabled": auto or True, "loss_scale": 0, "initial_scale_power": 16,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     elif precision == "bf16":
@@ -198,7 +202,8 @@ def _autos(value, path: str = "") -> list[str]:
 
 
 def _enabled(section) -> bool:
-    return isinstance(section, dict) and section.get("enabled") not in (False, None)
+    """True when a precision section is switched on for sure ("auto" is the Trainer's to decide)."""
+    return isinstance(section, dict) and section.get("enabled") is True
 
 
 def check(config: dict, hardware: kit_env.Environment | None = None, model=None, for_trainer: bool = True,
@@ -266,7 +271,7 @@ def check(config: dict, hardware: kit_env.Environment | None = None, model=None,
                                 "Enable one: bf16 on capability >= 8.0, fp16 on older GPUs such as the T4."))
     if hardware is not None:
         bf16 = config.get("bf16", {})
-        if _enabled(bf16) and bf16.get("enabled") != "auto" and not kit_env.native_bf16(hardware.capability):
+        if _enabled(bf16) and not kit_env.native_bf16(hardware.capability):
             where = f"capability {hardware.capability[0]}.{hardware.capability[1]}" if hardware.capability else "the CPU"
             problems.append(Problem("error", "bf16.enabled", f"bf16 on {where}: no native bf16 (it needs 8.0, an Ampere "
                                     "GPU or newer); a T4 would emulate it slowly or fail.",
@@ -411,3 +416,79 @@ def for_engine(config: dict, micro_batch: int, grad_accum: int = 1, world_size: 
         if filled.get(section, {}).get("enabled") == "auto":
             filled[section]["enabled"] = (precision or kit_env.describe().precision) == section
     return filled
+
+
+# ---- the mistakes notebook 03 demonstrates ------------------------------------------------------------
+
+
+@dataclass
+class Mistake:
+    """A broken config, the key where check() must report it, and what check() said."""
+
+    name: str
+    config: dict
+    expected_path: str
+    problems: list
+    caught: bool
+
+
+def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
+    """This environment as a free Colab T4 would report it (capability 7.5, fp16, 12.7 GB of RAM)."""
+    import dataclasses
+
+    t4 = kit_env.EMULATIONS["t4"]
+    return dataclasses.replace(environment, gpu_name=environment.gpu_name or "Tesla T4 (profile)", gpu_count=1,
+                               capability=t4.capability, native_bf16=False, precision="fp16",
+                               vram_total_bytes=t4.gpu_bytes, ram_budget_bytes=t4.ram_budget_bytes, emulation=t4)
+
+
+def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
+    """Ten common mistakes applied to ``base`` (an engine-mode config), each checked."""
+    from helpers import memory
+
+    t4 = t4_profile(environment)
+    xl = memory.ModelInfo.gpt2("gpt2-1.5b")
+
+    def variant(change) -> dict:
+        c = json.loads(json.dumps(base))
+        change(c)
+        return c
+
+    micro = base["train_micro_batch_size_per_gpu"]
+    cases = [
+        ("typo at the top level", variant(lambda c: c.update(fp_16={"enabled": True})), "fp_16", {}),
+        ("typo inside zero_optimization", variant(lambda c: c["zero_optimization"].update(overlap_com=True)),
+         "zero_optimization.overlap_com", {}),
+        ("batch sizes disagree", variant(lambda c: c.update(train_batch_size=micro * 2 + 1)), "train_batch_size", {}),
+        ('"auto" without the Trainer', variant(lambda c: c.update(gradient_clipping="auto")), "gradient_clipping",
+         {"for_trainer": False}),
+        ("parameter offload below stage 3", variant(lambda c: c["zero_optimization"].update(
+            stage=2, offload_param={"device": "cpu"})), "zero_optimization.offload_param.device", {}),
+        ("bf16 on a T4", variant(lambda c: (c.pop("fp16", None), c.update(bf16={"enabled": True}))), "bf16.enabled",
+         {"hardware": t4}),
+        ("fp16 and bf16 both on", variant(lambda c: c.update(fp16={"enabled": True}, bf16={"enabled": True})),
+         "bf16.enabled", {}),
+        ("NVMe offload without a path", variant(lambda c: c["zero_optimization"].update(
+            offload_optimizer={"device": "nvme"})), "zero_optimization.offload_optimizer.nvme_path", {}),
+        ("NVMe buffers smaller than GPT-2 XL's largest tensor", variant(lambda c: c["zero_optimization"].update(
+            stage=3, offload_param={"device": "nvme", "nvme_path": str(kit_env.default_offload_dir()),
+                                    "buffer_size": 10_000_000, "buffer_count": 5})),
+         "zero_optimization.offload_param.buffer_size", {"model": xl}),
+        ("pinned memory with Colab's 12.7 GB", variant(lambda c: c["zero_optimization"].update(
+            offload_optimizer={"device": "cpu", "pin_memory": True})),
+         "zero_optimization.offload_optimizer.pin_memory", {"hardware": t4}),
+    ]
+    out = []
+    for name, broken, path, kwargs in cases:
+        found = check(broken, for_trainer=kwargs.pop("for_trainer", True), **kwargs)
+        out.append(Mistake(name, broken, path, found, any(p.path == path for p in found)))
+    return out
+
+
+def mistakes_table(cases: list[Mistake]) -> Table:
+    rows = []
+    for m in cases:
+        hit = next((p for p in m.problems if p.path == m.expected_path), None)
+        rows.append((m.name, m.expected_path, "yes" if m.caught else "NO", hit.message if hit else "-",
+                     hit.fix if hit else "-"))
+    return Table(["mistake", "key", "caught", "what check() says", "fix"], rows, title="Mistakes, caught")

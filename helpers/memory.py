@@ -48,7 +48,7 @@ LOGIT_BYTES = HALF + FP32 + FP32 + HALF
 #: Host RSS of a process that imported torch and DeepSpeed, before any model: CUDA context and
 #: libraries on a GPU machine, libraries only on a CPU one.
 HOST_BASE_GPU = int(2.1 * GiB)
-HOST_BASE_CPU = int(0.9 * GiB)
+HOST_BASE_CPU = int(0.45 * GiB)
 
 
 @dataclass
@@ -211,3 +211,37 @@ def estimate_table(est: Estimate, limits: dict[str, int | None] | None = None):
         limit = (limits or {}).get(place)
         rows.append((place, *cells, f"{est.total(place) / GiB:.2f}", "-" if limit is None else f"{limit / GiB:.1f}"))
     return Table(["where", *kinds, "total GiB", "limit GiB"], rows, title="Predicted memory")
+
+
+def matrix_table(model: ModelInfo, environment, micro_batch: int, seq_len: int, grad_ckpt: bool = True):
+    """Predicted GPU / host / NVMe GiB of every row of the stage and offload matrix, and whether it fits."""
+    from helpers import bench, config
+    from helpers.tables import Table
+
+    on_gpu = environment.has_gpu
+    gpu_limit = environment.vram_total_bytes if on_gpu else None
+    rows = []
+    for label, choice in bench.MATRIX:
+        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
+                          largest_param_numel=model.largest_param_numel)
+        est = estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, on_gpu=on_gpu)
+        ok = fits(est, gpu_limit, environment.ram_budget_bytes, environment.disk_free_bytes)
+        rows.append((label, f"{est.total('gpu') / GiB:.2f}" if on_gpu else "-", f"{est.total('cpu') / GiB:.2f}",
+                     f"{est.total('nvme') / GiB:.2f}" if est.total("nvme") else "-",
+                     "yes" if all(ok.values()) else "no: " + ", ".join(k for k, v in ok.items() if not v)))
+    limit = f"{gpu_limit / GiB:.1f} GiB GPU, " if gpu_limit else ""
+    return Table(["config", "GPU GiB", "host GiB", "NVMe GiB", "fits here?"], rows,
+                 title=f"Predicted for {model.name} at {micro_batch} x {seq_len} ({limit}{environment.ram_budget_bytes / GB:.1f} GB RAM)")
+
+
+def compare(model: ModelInfo, config: dict, result, environment, micro_batch: int, seq_len: int,
+            gpu_rtol: float = 0.15) -> list[tuple[str, bool]]:
+    """Claims about a measured run against its prediction: it ran; on a GPU, within ``gpu_rtol``."""
+    est = estimate(model, config, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
+    out = [(f"the measured run finished ({result.status}{': ' + result.message if result.message else ''})",
+            result.status == "ok")]
+    if environment.has_gpu and result.peak_gpu_allocated_bytes:
+        measured, predicted = result.peak_gpu_allocated_bytes, est.total("gpu")
+        out.append((f"predicted GPU {predicted / GiB:.2f} GiB within {gpu_rtol:.0%} of measured {measured / GiB:.2f} GiB",
+                    abs(predicted - measured) <= gpu_rtol * measured))
+    return out

@@ -20,13 +20,28 @@ sys.path.insert(0, str(ROOT))
 from tools.nbtool import notebook_paths  # noqa: E402
 
 
-def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[bool, float, str]:
+def _stdout(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("name") == "stdout")
+
+
+def compare_checked(original, executed) -> str:
+    """nbval --nbval-lax's comparison: the stdout of each '# NBVAL_CHECK_OUTPUT' cell must match."""
+    from tools.nbtool import is_checked
+
+    for i, (before, after) in enumerate(zip(original.cells, executed.cells)):
+        if is_checked(before) and _stdout(before) != _stdout(after):
+            return f"cell {i} output differs from the stored one: {_stdout(after)!r}"
+    return ""
+
+
+def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tuple[bool, float, str]:
     """Execute one notebook; write its executed copy (and HTML) to out_dir. Returns (ok, seconds, error)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    original = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start, error = time.perf_counter(), ""
@@ -37,6 +52,8 @@ def run_one(path: Path, out_dir: Path, timeout: int) -> tuple[bool, float, str]:
     except Exception as err:  # a dead kernel, a timeout: still keep what ran
         error = f"{type(err).__name__}: {err}"
     seconds = time.perf_counter() - start
+    if check and not error:
+        error = compare_checked(original, nb)
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
     try:
@@ -54,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*")
     parser.add_argument("--out", default=str(ROOT / "build" / "tutorial"))
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    parser.add_argument("--check", action="store_true",
+                        help="also compare '# NBVAL_CHECK_OUTPUT' cells with their stored output, as nbval does")
     args = parser.parse_args(argv)
     failed = 0
     for path in notebook_paths(args.notebooks):
-        ok, seconds, error = run_one(path, Path(args.out), args.timeout)
+        ok, seconds, error = run_one(path, Path(args.out), args.timeout, args.check)
         failed += not ok
         status = "passed" if ok else f"FAILED: {error}"
         print(f"{path.stem:32s} {status:8s} {seconds:7.1f} s", flush=True)

@@ -1,0 +1,299 @@
+"""Training with the Hugging Face Trainer and DeepSpeed inside a notebook (no launcher), with a
+callback that records every step, saving in Hugging Face format, reloading, and resuming.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers import env as kit_env
+from helpers.tables import Table
+
+GiB = 2**30
+OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
+
+
+def _trainer_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class MetricsCallback(_trainer_callback_base()):
+    """Per optimizer step: loss, learning rate, fp16 loss scale, skipped (overflow) steps, tokens/s,
+    GPU memory allocated / reserved / peak, host RSS of this process."""
+
+    def __init__(self, tokens_per_step: int, fail_at_step: int | None = None) -> None:
+        self.tokens_per_step = tokens_per_step
+        self.records: list[dict] = []
+        self.fail_at_step = fail_at_step  # test hook: raise an out-of-memory error at this step
+        self.trainer = None
+        self._start = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.fail_at_step is not None and state.global_step >= self.fail_at_step:
+            import torch
+
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import psutil
+        import torch
+
+        seconds = time.perf_counter() - self._start
+        engine = getattr(self.trainer, "deepspeed", None) if self.trainer else None
+        scale = getattr(getattr(engine, "optimizer", None), "loss_scale", None)
+        record = {"step": state.global_step, "seconds": seconds, "tokens_per_s": self.tokens_per_step / seconds,
+                  "loss_scale": float(scale) if isinstance(scale, (int, float)) else None,
+                  "skipped_steps": int(getattr(engine, "skipped_steps", 0) or 0),
+                  "host_rss_bytes": psutil.Process().memory_info().rss}
+        if torch.cuda.is_available():
+            record.update(gpu_allocated_bytes=torch.cuda.memory_allocated(), gpu_reserved_bytes=torch.cuda.memory_reserved(),
+                          gpu_peak_bytes=torch.cuda.max_memory_allocated())
+        self.records.append(record)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs and self.records and self.records[-1]["step"] == state.global_step:
+            self.records[-1]["loss"] = float(logs["loss"])
+            self.records[-1]["lr"] = float(logs.get("learning_rate", 0.0))
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records if "loss" in r]
+
+
+@dataclass
+class TrainRun:
+    """What a training run produced: its status, the callback's records, the trainer (when ok)."""
+
+    status: str  # "ok", "out of GPU memory" or "error"
+    message: str = ""
+    records: list[dict] = field(default_factory=list)
+    trainer: object = None
+    seconds: float = 0.0
+    micro_batch: int = 0
+
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.records if "loss" in r]
+
+
+def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro_batch: int, lr: float,
+                  precision: str, grad_accum: int = 1, save_steps: int | None = None, seed: int = 0,
+                  grad_ckpt: bool = False):
+    """TrainingArguments for a DeepSpeed run in this process: logging every step, no reporting."""
+    import torch
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=grad_accum, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500, report_to=[], deepspeed=ds_config, fp16=precision == "fp16",
+        bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed, data_seed=seed,
+        dataloader_num_workers=0, gradient_checkpointing=grad_ckpt,
+        disable_tqdm=os.environ.get("TQDM_DISABLE") == "1",
+    )
+
+
+def free_memory(trainer=None) -> None:
+    """Drop a trainer's DeepSpeed engine and give cached GPU memory back."""
+    import torch
+
+    if trainer is not None:
+        engine = getattr(trainer, "deepspeed", None)
+        if engine is not None and hasattr(engine, "destroy"):
+            try:
+                engine.destroy()
+            except Exception:
+                pass
+        for attr in ("deepspeed", "model_wrapped", "optimizer", "lr_scheduler"):
+            if hasattr(trainer, attr):
+                setattr(trainer, attr, None)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps: int, micro_batch: int,
+             lr: float = 5e-4, precision: str | None = None, seq_len: int | None = None, save_steps: int | None = None,
+             resume_from: str | None = None, seed: int = 0, grad_ckpt: bool = False,
+             fail_at_step: int | None = None) -> TrainRun:
+    """Train with the HF Trainer and a DeepSpeed config; an out-of-memory error becomes a status with
+    advice, the memory is freed, and nothing is raised."""
+    import torch
+    from transformers import Trainer, default_data_collator
+
+    kit_env.setup_single_process_dist()
+    precision = precision or kit_env.describe().precision
+    seq_len = seq_len or len(dataset[0]["input_ids"])
+    callback = MetricsCallback(micro_batch * seq_len, fail_at_step=fail_at_step)
+    args = training_args(out_dir, ds_config, steps, micro_batch, lr, precision, save_steps=save_steps, seed=seed,
+                         grad_ckpt=grad_ckpt)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
+                      callbacks=[callback])
+    callback.trainer = trainer
+    start = time.perf_counter()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        trainer.train(resume_from_checkpoint=resume_from)
+    except Exception as err:
+        oom = isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+        free_memory(trainer)
+        if not oom:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            return TrainRun("error", f"{type(err).__name__}: {first[:300]}", callback.records, None,
+                            time.perf_counter() - start, micro_batch)
+        return TrainRun("out of GPU memory", f"out of GPU memory at micro batch {micro_batch}: {OOM_ADVICE}",
+                        callback.records, None, time.perf_counter() - start, micro_batch)
+    return TrainRun("ok", "", callback.records, trainer, time.perf_counter() - start, micro_batch)
+
+
+def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
+    """Steps, tokens/s, peak GPU against the T4's 15 GiB, peak host RSS against 12.7 GB, time."""
+    t4 = kit_env.EMULATIONS["t4"]
+    recs = run.records
+    timed = [r["tokens_per_s"] for r in recs[1:]] or [r["tokens_per_s"] for r in recs]
+    peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in recs), default=0)
+    peak_rss = max((r["host_rss_bytes"] for r in recs), default=0)
+    rows = [("steps", len(recs), ""),
+            ("tokens/s (median)", f"{sorted(timed)[len(timed) // 2]:,.0f}" if timed else "-", "first step left out"),
+            ("peak GPU memory", f"{peak_gpu / GiB:.2f} GiB" if environment.has_gpu else "-",
+             f"of a T4's {t4.gpu_bytes / GiB:.0f} GiB" if environment.has_gpu else "no GPU"),
+            ("peak host RSS", f"{peak_rss / kit_env.GB:.2f} GB", f"of free Colab's {t4.ram_budget_bytes / kit_env.GB:.1f} GB"),
+            ("skipped (overflow) steps", recs[-1]["skipped_steps"] if recs else 0, "fp16 loss scaling backs off"),
+            ("time", f"{run.seconds:.1f} s", "")]
+    return Table(["what", "value", "against"], rows, title="Training run")
+
+
+def plot(run: TrainRun):
+    """The loss curve and, in fp16, the loss-scale curve."""
+    import matplotlib.pyplot as plt
+
+    scales = [r.get("loss_scale") for r in run.records]
+    has_scale = any(s not in (None, 1.0) for s in scales)
+    fig, axes = plt.subplots(1, 2 if has_scale else 1, figsize=(10 if has_scale else 6, 3.4))
+    axes = list(axes) if has_scale else [axes]
+    axes[0].plot([r["step"] for r in run.records if "loss" in r], run.losses())
+    axes[0].set(xlabel="step", ylabel="loss", title="Training loss")
+    if has_scale:
+        axes[1].semilogy([r["step"] for r in run.records], scales)
+        axes[1].set(xlabel="step", ylabel="loss scale", title="fp16 dynamic loss scale")
+    fig.tight_layout()
+    return fig
+
+
+def loss_fell(losses: list[float], ratio: float = 0.7, window: int = 5) -> bool:
+    """The mean of the last ``window`` losses is at most ``ratio`` times the first loss."""
+    if len(losses) < window + 1:
+        return False
+    return sum(losses[-window:]) / window <= ratio * losses[0]
+
+
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
+    """Greedy continuation of ``prompt`` (the model's own device and dtype)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokenizer.encode(prompt)], device=device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=ids[:, -1024:]).logits[:, -1, :]
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    model.train(was_training)
+    return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
+
+
+def save_hf(run: TrainRun, folder: str | os.PathLike, tokenizer=None) -> Path:
+    """Save the trained model in Hugging Face format (consolidated; ZeRO-3 gathers 16-bit weights)."""
+    folder = Path(folder)
+    run.trainer.save_model(str(folder))
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def reload_and_compare(folder: str | os.PathLike, model, batch) -> float:
+    """Reload with from_pretrained and return the largest absolute logit difference on ``batch``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    param = next(model.parameters())
+    reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=param.dtype).to(param.device)
+    model.eval()
+    reloaded.eval()
+    with torch.no_grad():
+        batch = batch.to(param.device)
+        a, b = model(input_ids=batch).logits.float(), reloaded(input_ids=batch).logits.float()
+    model.train()
+    del reloaded
+    return float((a - b).abs().max())
+
+
+def checkpoint_at(out_dir: str | os.PathLike, step: int) -> str:
+    """The checkpoint-N folder the Trainer wrote at ``step`` (it holds the DeepSpeed checkpoint too)."""
+    path = Path(out_dir) / f"checkpoint-{step}"
+    if not path.is_dir():
+        found = ", ".join(sorted(p.name for p in Path(out_dir).glob("checkpoint-*"))) or "none"
+        raise FileNotFoundError(f"no checkpoint at step {step} in {out_dir} (found: {found})")
+    return str(path)
+
+
+def resume_matches(first: TrainRun, resumed: TrainRun, checkpoint_step: int, rtol: float) -> tuple[bool, bool]:
+    """(resumed at the next step, its losses match the uninterrupted run's within rtol)."""
+    if not resumed.records:
+        return False, False
+    at_step = resumed.records[0]["step"] == checkpoint_step + 1
+    original = {r["step"]: r["loss"] for r in first.records if "loss" in r}
+    pairs = [(original[r["step"]], r["loss"]) for r in resumed.records if "loss" in r and r["step"] in original]
+    same = bool(pairs) and all(abs(a - b) <= rtol * abs(a) for a, b in pairs)
+    return at_step, same
+
+
+@dataclass
+class Prepared:
+    """A model, its tokenizer, the training blocks, and where each came from."""
+
+    model: object
+    tokenizer: object
+    dataset: object
+    model_source: str
+    data_source: str
+    notes: list[str]
+
+
+def prepare(source: str = "auto", shape: str = "tiny", hub_model: str = "gpt2", hub_dataset: str = "wikitext",
+            hub_config: str | None = "wikitext-2-raw-v1", block_size: int = 64, n_chars: int = 200_000,
+            seed: int = 0) -> Prepared:
+    """The model and data for notebook 04: the Hub when reachable (or ``source="hub"``), else offline.
+
+    Offline: a GPT-2-shaped model of ``shape`` with the byte-level tokenizer, on a generated corpus.
+    A Hub name that cannot be loaded gives a one-sentence note and the offline fallback.
+    """
+    from helpers import data, models
+
+    if source not in ("auto", "hub", "offline"):
+        raise ValueError(f"source must be 'auto', 'hub' or 'offline', not {source!r}")
+    use_hub = source == "hub" or (source == "auto" and models.hub_reachable())
+    notes = []
+    if use_hub:
+        loaded = models.load_pretrained(hub_model, fallback_shape=shape, seed=seed)
+        notes += [loaded.note] if loaded.note else []
+        text, data_source, note = data.load_hub_text(hub_dataset, hub_config, fallback_chars=n_chars)
+        notes += [note] if note else []
+        model, tokenizer, model_source = loaded.model, loaded.tokenizer, loaded.source
+    else:
+        tokenizer = models.ByteTokenizer()
+        model = models.build_model(models.gpt2_config(shape, vocab_size=tokenizer.vocab_size), seed=seed)
+        text, data_source, model_source = data.offline_corpus(n_chars, seed=seed), "offline:generated", f"offline:{shape}"
+        if source == "auto":
+            notes.append("the Hugging Face Hub is not reachable here: using the offline model and corpus")
+    dataset = data.lm_dataset(text, tokenizer, block_size)
+    return Prepared(model, tokenizer, dataset, model_source, data_source, notes)

@@ -1,0 +1,208 @@
+"""The config builder form of notebook 03: ipywidgets controls over helpers.config and helpers.memory.
+
+Every control change calls :meth:`ConfigForm.refresh`, which calls the same ``config.build``,
+``config.check`` and ``memory.estimate`` that the plain cells and the tests call; the form only
+shows their answers. Works with ipywidgets 7 (Colab) and 8 (JupyterLab): only basic widgets and
+``observe(names="value")``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from helpers import config, memory
+from helpers import env as kit_env
+
+GiB = 2**30
+MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
+                 ("GPT-2 1.5B", "gpt2-1.5b"), ("tiny (smoke)", "tiny"), ("free parameter count", "custom")]
+
+
+class ConfigForm:
+    """Controls, a live JSON preview, a live problem list, live memory bars and a save button."""
+
+    def __init__(self, environment: kit_env.Environment, shape: str = "gpt2-355m", micro_batch: int = 4,
+                 seq_len: int = 512, folder: str | Path | None = None) -> None:
+        import ipywidgets as w
+
+        self.environment = environment
+        self.folder = Path(folder) if folder else config.CONFIG_DIR
+        self.t4 = kit_env.EMULATIONS["t4"]
+        bf16_label = "bf16" if environment.native_bf16 else "bf16 (needs capability 8.0: not on this GPU)"
+        self.controls = {
+            "model": w.Dropdown(options=MODEL_CHOICES, value=shape, description="model"),
+            "custom_params": w.IntText(value=1_000_000_000, description="parameters", disabled=True),
+            "stage": w.Dropdown(options=[0, 1, 2, 3], value=2, description="ZeRO stage"),
+            "offload_optimizer": w.Dropdown(options=list(config.OFFLOAD_DEVICES), value="none",
+                                            description="offload optim."),
+            "offload_param": w.Dropdown(options=list(config.OFFLOAD_DEVICES), value="none",
+                                        description="offload params", disabled=True),
+            "precision": w.Dropdown(options=[("auto", "auto"), ("fp16", "fp16"), (bf16_label, "bf16"), ("fp32", "fp32")],
+                                    value="auto", description="precision"),
+            "micro_batch": w.BoundedIntText(value=micro_batch, min=1, max=1024, description="micro batch"),
+            "grad_accum": w.BoundedIntText(value=1, min=1, max=1024, description="grad. accum."),
+            "seq_len": w.BoundedIntText(value=seq_len, min=8, max=8192, description="seq. length"),
+            "lr": w.FloatText(value=3e-4, description="learning rate"),
+            "grad_clip": w.FloatText(value=1.0, description="grad. clip"),
+            "trainer": w.Checkbox(value=True, description='Trainer mode ("auto" values)'),
+            "grad_ckpt": w.Checkbox(value=True, description="gradient checkpointing"),
+            "nvme_path": w.Text(value=str(kit_env.default_offload_dir()), description="NVMe path"),
+        }
+        self.reason = w.HTML()
+        self.json_view = w.HTML()
+        self.problems_view = w.HTML()
+        self.bars = w.HTML()
+        self.name = w.Text(value="my_config", description="file name")
+        self.save_button = w.Button(description="save to configs/", button_style="primary")
+        self.status = w.HTML()
+        self.config: dict = {}
+        self.problems: list[config.Problem] = []
+        self.estimate: memory.Estimate | None = None
+        self.error = ""
+        for control in self.controls.values():
+            control.observe(self.refresh, names="value")
+        self.save_button.on_click(lambda _button: self.save())
+        self.refresh()
+
+    # -- logic (what the tests and nbval exercise) --------------------------------------------------------
+
+    def values(self) -> dict:
+        return {k: c.value for k, c in self.controls.items()}
+
+    def set(self, **values) -> "ConfigForm":
+        """Change controls as a user would (each change triggers refresh)."""
+        for key, value in values.items():
+            self.controls[key].value = value
+        return self
+
+    def model_info(self) -> memory.ModelInfo:
+        v = self.values()
+        if v["model"] == "custom":
+            return memory.ModelInfo.from_count(int(v["custom_params"]), name="custom")
+        return memory.ModelInfo.gpt2(v["model"])
+
+    def refresh(self, _change=None) -> None:
+        v = self.values()
+        self.controls["custom_params"].disabled = v["model"] != "custom"
+        stage3 = v["stage"] == 3
+        self.controls["offload_param"].disabled = not stage3
+        if not stage3 and v["offload_param"] != "none":
+            self.controls["offload_param"].value = "none"  # re-enters refresh
+            return
+        self.reason.value = ("" if stage3 else "<i>Parameter offload needs stage 3: the control is disabled.</i>")
+        self.error = ""
+        try:
+            info = self.model_info()
+            self.config = config.build(
+                stage=v["stage"], offload_optimizer=v["offload_optimizer"], offload_param=v["offload_param"],
+                precision=v["precision"], micro_batch=v["micro_batch"], grad_accum=v["grad_accum"], lr=v["lr"],
+                grad_clip=v["grad_clip"], trainer=v["trainer"], nvme_path=v["nvme_path"] or None,
+                largest_param_numel=info.largest_param_numel, environment=self.environment)
+            self.problems = config.check(self.config, hardware=self.environment, model=info, for_trainer=v["trainer"])
+            engine_config = self.config if not v["trainer"] else config.for_engine(
+                self.config, v["micro_batch"], v["grad_accum"], precision=self.environment.precision
+                if v["precision"] == "auto" else v["precision"])
+            self.estimate = memory.estimate(info, engine_config, micro_batch=v["micro_batch"], seq_len=v["seq_len"],
+                                            grad_ckpt=v["grad_ckpt"], on_gpu=True)
+        except (config.ConfigError, ValueError) as err:
+            self.error = str(err)
+            self.problems = [config.Problem("error", "form", str(err), "Correct the value above.")]
+            self.estimate = None
+        self._render()
+
+    def limits(self) -> dict[str, int]:
+        """Limits to draw: this GPU (or the emulated T4), the RAM budget, the free disk."""
+        gpu = self.environment.vram_total_bytes or self.t4.gpu_bytes
+        return {"gpu": gpu, "cpu": self.environment.ram_budget_bytes, "nvme": self.environment.disk_free_bytes}
+
+    def save(self) -> Path | None:
+        """Write the config to configs/<name>.json unless it has errors; say what happened in the form."""
+        errors = [p for p in self.problems if p.level == "error"]
+        if errors:
+            self.status.value = f"<span style='color:red'>not saved: {len(errors)} error(s) listed above</span>"
+            return None
+        try:
+            path = config.save(self.config, self.name.value, self.folder)
+        except config.ConfigError as err:
+            self.status.value = f"<span style='color:red'>not saved: {html.escape(str(err))}</span>"
+            return None
+        self.status.value = f"saved <code>{html.escape(str(path))}</code>"
+        return path
+
+    # -- rendering ------------------------------------------------------------------------------------------
+
+    def _render(self) -> None:
+        self.json_view.value = f"<pre style='font-size:11px;max-height:320px;overflow:auto'>{html.escape(json.dumps(self.config, indent=2))}</pre>"
+        if self.problems:
+            items = "".join(f"<li><b style='color:{'red' if p.level == 'error' else 'darkorange'}'>{p.level}</b> "
+                            f"<code>{html.escape(p.path)}</code>: {html.escape(p.message)} <i>Fix: {html.escape(p.fix)}</i></li>"
+                            for p in self.problems)
+            self.problems_view.value = f"<ul class='kit-problems'>{items}</ul>"
+        else:
+            self.problems_view.value = "<p class='kit-problems' style='color:green'>no problems found</p>"
+        self.bars.value = self._bars_html()
+
+    def _bars_html(self) -> str:
+        if self.estimate is None:
+            return "<p>no estimate: fix the error first</p>"
+        rows = []
+        limits = self.limits()
+        names = {"gpu": "GPU", "cpu": "host RAM", "nvme": "NVMe"}
+        for place in ("gpu", "cpu", "nvme"):
+            need, limit = self.estimate.total(place), limits.get(place)
+            if not need and place == "nvme":
+                continue
+            frac = min(1.0, need / limit) if limit else 0
+            colour = "#2e7d32" if need <= (limit or 0) else "#c62828"
+            verdict = "fits" if need <= (limit or 0) else "does NOT fit"
+            rows.append(f"<div style='margin:2px 0'><span style='display:inline-block;width:80px'>{names[place]}</span>"
+                        f"<span style='display:inline-block;width:260px;background:#eee;vertical-align:middle'>"
+                        f"<span style='display:block;width:{frac * 100:.0f}%;height:14px;background:{colour}'></span></span>"
+                        f" {need / GiB:.2f} of {limit / GiB:.1f} GiB: {verdict}</div>")
+        return "".join(rows)
+
+    def widget(self):
+        """The whole form as one widget (display it, or let it be a cell's last value)."""
+        import ipywidgets as w
+
+        c = self.controls
+        left = w.VBox([c["model"], c["custom_params"], c["stage"], c["offload_optimizer"], c["offload_param"],
+                       self.reason, c["precision"], c["micro_batch"], c["grad_accum"], c["seq_len"], c["lr"],
+                       c["grad_clip"], c["trainer"], c["grad_ckpt"], c["nvme_path"]])
+        right = w.VBox([w.HTML("<b>Predicted memory</b>"), self.bars, w.HTML("<b>Problems</b>"), self.problems_view,
+                        w.HBox([self.name, self.save_button]), self.status])
+        return w.VBox([w.HBox([left, right]), w.HTML("<b>config JSON</b>"), self.json_view])
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget())
+
+
+def form_checks(form: ConfigForm) -> list[tuple[str, bool]]:
+    """Drive the form as a user would and check what it computed (then put it back as it was)."""
+    before = form.values()
+    out = []
+    form.set(stage=3, offload_optimizer="nvme", offload_param="nvme")
+    zero = form.config["zero_optimization"]
+    out.append(("stage 3 + NVMe: the JSON preview follows the controls",
+                zero["stage"] == 3 and zero["offload_param"]["device"] == "nvme" and "&quot;nvme&quot;" in form.json_view.value))
+    out.append(("stage 3 + NVMe: NVMe memory is predicted", bool(form.estimate and form.estimate.total("nvme"))))
+    form.set(stage=1)
+    out.append(("below stage 3 parameter offload is disabled and reset",
+                form.controls["offload_param"].disabled and form.controls["offload_param"].value == "none"))
+    form.set(offload_optimizer="none", trainer=False, micro_batch=3, grad_accum=2)
+    out.append(("engine mode: batch sizes agree (3 x 2 = 6)", form.config["train_batch_size"] == 6))
+    if not form.environment.native_bf16:
+        form.set(precision="bf16")
+        out.append(("bf16 without native support is flagged", any(p.path == "bf16.enabled" for p in form.problems)
+                    and "red" in form.problems_view.value))
+        form.set(precision="auto")
+    form.set(model="custom", custom_params=7_000_000_000, stage=0)
+    out.append(("a 7B model at stage 0 does not fit the GPU bar", "does NOT fit" in form.bars.value))
+    form.name.value = "../outside"
+    out.append(("a bad file name is refused, nothing written", form.save() is None and "not saved" in form.status.value))
+    form.set(**before)
+    return out
