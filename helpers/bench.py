@@ -156,7 +156,7 @@ def _worker(spec_path: str) -> int:
     except BaseException as err:  # report every failure as JSON; the parent explains it
         result["status"] = OOM if _is_oom(err) else ERROR
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
-        result["message"] = f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
+        result["message"] = f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500]
     finally:
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     return 0 if result["status"] == OK else 3

@@ -1,0 +1,98 @@
+"""helpers.train, models, data: offline defaults, the Hub path through a local folder, the callback,
+save and reload, resume, and out-of-memory handling."""
+
+import torch
+import pytest
+
+from helpers import config, data, models, train
+
+
+def test_offline_corpus_and_chunking():
+    text = data.offline_corpus(5000, seed=1)
+    assert len(text) == 5000 and text == data.offline_corpus(5000, seed=1) and text != data.offline_corpus(5000, seed=2)
+    assert [len(b) for b in data.chunk(list(range(10)), 4)] == [4, 4]
+    with pytest.raises(ValueError, match="fewer than one block"):
+        data.chunk([1, 2], 4)
+
+
+def test_byte_tokenizer_round_trip():
+    tok = models.ByteTokenizer()
+    assert tok.decode(tok.encode("héllo")) == "héllo" and max(tok.encode("ÿ")) < 256
+
+
+def test_unknown_shape_is_named():
+    with pytest.raises(ValueError, match="unknown model shape 'gpt5'"):
+        models.gpt2_config("gpt5")
+
+
+def test_hub_loading_through_a_local_folder(tmp_path):
+    from tokenizers import Tokenizer, models as tk_models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(tk_models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tk.train_from_iterator([data.offline_corpus(20000)], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
+    model = models.build_model(models.gpt2_config("tiny", vocab_size=len(tokenizer)))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = models.load_pretrained(str(tmp_path))
+    assert loaded.source == f"folder:{tmp_path}" and loaded.note == ""
+    ids = torch.tensor([loaded.tokenizer.encode("Ada moves")])
+    assert torch.equal(loaded.model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_a_hub_name_that_cannot_be_loaded_falls_back_with_a_note(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = models.load_pretrained("no-such-org/no-such-model")
+    assert loaded.source == "offline:tiny" and "could not load 'no-such-org/no-such-model'" in loaded.note
+    text, source, note = data.load_hub_text("no-such-dataset-xyz", None, fallback_chars=1000)
+    assert source == "offline:generated" and len(text) == 1000 and "no-such-dataset-xyz" in note
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    prep = train.prepare("offline", "tiny", block_size=32, n_chars=40_000)
+    run = train.finetune(prep.model, prep.dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
+                         precision="fp32", save_steps=6)
+    return prep, run, out
+
+
+def test_callback_records_every_step(trained):
+    _, run, _ = trained
+    assert run.status == "ok" and [r["step"] for r in run.records] == list(range(1, 13))
+    assert all({"loss", "lr", "tokens_per_s", "host_rss_bytes", "skipped_steps"} <= set(r) for r in run.records)
+    assert run.records[0]["lr"] == pytest.approx(3e-3)
+    assert train.loss_fell(run.losses(), ratio=0.9)
+    assert "steps" in str(train.summary_table(run, __import__("helpers.env", fromlist=["x"]).describe()))
+
+
+def test_save_reload_gives_equal_logits(trained, tmp_path):
+    prep, run, _ = trained
+    folder = train.save_hf(run, tmp_path / "model", prep.tokenizer)
+    probe = torch.tensor([prep.dataset[0]["input_ids"]])
+    assert train.reload_and_compare(folder, run.trainer.model, probe) <= 1e-5
+
+
+def test_resume_continues_at_the_same_step_and_loss(trained):
+    prep, run, out = trained
+    fresh = train.prepare("offline", "tiny", block_size=32, n_chars=40_000)
+    resumed = train.finetune(fresh.model, fresh.dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
+                             precision="fp32", resume_from=train.checkpoint_at(out, 6))
+    assert train.resume_matches(run, resumed, 6, rtol=1e-4) == (True, True)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at step 5"):
+        train.checkpoint_at(out, 5)
+
+
+def test_out_of_memory_becomes_advice_and_the_next_run_works(tmp_path):
+    prep = train.prepare("offline", "tiny", block_size=32, n_chars=20_000)
+    oom = train.finetune(prep.model, prep.dataset, config.load("zero2"), tmp_path, steps=3, micro_batch=4,
+                         precision="fp32", fail_at_step=1)
+    assert oom.status == "out of GPU memory" and oom.message.startswith("out of GPU memory at micro batch 4: try ZeRO-2")
+    again = train.finetune(prep.model, prep.dataset, config.load("zero2"), tmp_path, steps=2, micro_batch=4, precision="fp32")
+    assert again.status == "ok"
+
+
+def test_loss_fell_rule():
+    assert train.loss_fell([10, 9, 6, 6, 6, 6, 6]) and not train.loss_fell([10, 9, 8, 8, 8, 8, 8]) and not train.loss_fell([1])

@@ -1,0 +1,36 @@
+"""helpers.widgets: the form drives the same helpers as the plain cells, and its checks can fail."""
+
+from helpers import env, widgets
+
+
+def test_form_checks_all_hold_and_leave_the_form_as_it_was(tmp_path):
+    form = widgets.ConfigForm(env.describe(), shape="tiny", micro_batch=2, seq_len=64, folder=tmp_path)
+    before = form.values()
+    results = widgets.form_checks(form)
+    assert results and all(held for _, held in results), results
+    assert form.values() == before
+
+
+def test_save_writes_a_file_and_refuses_errors(tmp_path):
+    form = widgets.ConfigForm(env.describe(), shape="tiny", folder=tmp_path)
+    form.name.value = "from_form"
+    path = form.save()
+    assert path == tmp_path / "from_form.json" and path.exists() and "saved" in form.status.value
+    form.set(trainer=False)
+    form.config["fp_16"] = {}
+    form.problems = __import__("helpers.config", fromlist=["x"]).check(form.config, for_trainer=False)
+    assert form.save() is None and "not saved" in form.status.value
+
+
+class BrokenForm(widgets.ConfigForm):
+    """A form whose control callback stops updating after the first render."""
+
+    def refresh(self, _change=None):
+        if not self.config:
+            super().refresh()
+
+
+def test_a_broken_refresh_is_caught_by_the_checks(tmp_path):
+    form = BrokenForm(env.describe(), shape="tiny", folder=tmp_path)
+    failed = [claim for claim, held in widgets.form_checks(form) if not held]
+    assert "stage 3 + NVMe: the JSON preview follows the controls" in failed
