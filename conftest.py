@@ -20,6 +20,24 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
+import pytest
+
+_DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _restore_dist_env():
+    """Tests that start DeepSpeed in-process set MASTER_PORT and friends: keep them from leaking
+    into later tests and into the notebook kernels nbval starts (they inherit the environment)."""
+    saved = {k: os.environ.get(k) for k in _DIST_KEYS}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def pytest_collectstart(collector):
     """stderr (DeepSpeed's warnings, progress bars) is never compared on checked cells."""
     if hasattr(collector, "skip_compare"):

@@ -97,11 +97,11 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
         config["fp16"] = {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
         config["bf16"] = {"enabled": "auto"}
-    elif precision == "fp16":
-        config["fp16"] = {"enabled": auto or True, "loss_scale": 0, "initial_scale_power": 16,
+    elif precision == "fp16":  # an explicit choice stays explicit, in Trainer mode too
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     elif precision == "bf16":
-        config["bf16"] = {"enabled": auto or True}
+        config["bf16"] = {"enabled": True}
     zero: dict = {"stage": stage}
     if stage >= 1:
         zero.update(contiguous_gradients=contiguous_gradients, reduce_bucket_size=int(reduce_bucket_size),

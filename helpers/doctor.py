@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -114,11 +115,24 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
     )
 
 
+@functools.lru_cache(maxsize=None)
 def libaio_available() -> bool:
-    """DeepSpeed's own test: compile and link a program calling io_submit (honours CFLAGS/LDFLAGS)."""
-    with contextlib.redirect_stdout(io.StringIO()), _silenced_stderr():
-        builder = _builder("async_io")
-        return bool(builder is not None and builder.has_function("io_submit", ("aio",)))
+    """DeepSpeed's own test: compile and link a program calling io_submit (honours CFLAGS/LDFLAGS).
+
+    Run in a fresh subprocess: DeepSpeed's probe redirects file descriptor 2, which a Jupyter
+    kernel's captured streams do not always allow (it answered False inside JupyterLab).
+    """
+    probe = ("import contextlib, io\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    from deepspeed.ops.op_builder.all_ops import ALL_OPS\n"
+             "    b = ALL_OPS.get('async_io')\n"
+             "    ok = bool(b is not None and b.has_function('io_submit', ('aio',)))\n"
+             "print('LIBAIO', ok)")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "LIBAIO True" in done.stdout
 
 
 _ARCH_TOKEN = re.compile(r"^\d+\.\d+(\+PTX)?$")
@@ -260,6 +274,7 @@ def install_libaio(run: bool = False) -> str:
         return f"apt-get is not here: install libaio's development package with your system's package manager."
     cmd = f"apt-get update -qq && {LIBAIO_APT} -qq"
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    libaio_available.cache_clear()
     if done.returncode != 0:
         return f"{cmd} failed: " + "\n".join((done.stderr or done.stdout).strip().splitlines()[-3:])
     return "libaio-dev installed: " + ("async_io can now be built." if libaio_available() else "but io_submit still does not link.")

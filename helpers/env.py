@@ -212,18 +212,43 @@ def free_port(start: int = 29500, tries: int = 200, host: str = "127.0.0.1") -> 
 _DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _launched() -> bool:
+    """True when a real launcher (torchrun, the deepspeed launcher) started this process."""
+    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")) or os.environ.get("WORLD_SIZE", "1") != "1"
+
+
 def setup_single_process_dist(port: int | None = None) -> dict[str, str]:
     """Set what a launcher would (MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE) for one process.
 
     Variables already set (by a launcher, or an earlier call) are kept, so calling twice is safe
-    and a real launcher wins. The port is probed, not assumed free.
+    and a real launcher wins. The port is probed, not assumed free: a MASTER_PORT inherited from a
+    parent process whose port is now taken (and not by this process's own group) is replaced.
     """
     defaults = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
+    current = os.environ.get("MASTER_PORT")
+    if current is None or (not _launched() and not _group_started() and not _port_free(int(current))):
         os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
     return {k: os.environ[k] for k in _DIST_KEYS}
+
+
+def _group_started() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:
+        return False
 
 
 def default_offload_dir() -> Path:

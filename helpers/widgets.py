@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from pathlib import Path
 
 from helpers import config, memory
 from helpers import env as kit_env
 
 GiB = 2**30
+BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
                  ("GPT-2 1.5B", "gpt2-1.5b"), ("tiny (smoke)", "tiny"), ("free parameter count", "custom")]
 
@@ -50,6 +52,9 @@ class ConfigForm:
             "grad_ckpt": w.Checkbox(value=True, description="gradient checkpointing"),
             "nvme_path": w.Text(value=str(kit_env.default_offload_dir()), description="NVMe path"),
         }
+        for control in self.controls.values():
+            control.style.description_width = "120px"
+            control.layout.width = "340px"
         self.reason = w.HTML()
         self.json_view = w.HTML()
         self.problems_view = w.HTML()
@@ -61,8 +66,9 @@ class ConfigForm:
         self.problems: list[config.Problem] = []
         self.estimate: memory.Estimate | None = None
         self.error = ""
-        for control in self.controls.values():
-            control.observe(self.refresh, names="value")
+        if os.environ.get(BREAK_ENV) != "1":  # test hook: a form whose callbacks are not wired
+            for control in self.controls.values():
+                control.observe(self.refresh, names="value")
         self.save_button.on_click(lambda _button: self.save())
         self.refresh()
 
@@ -168,7 +174,7 @@ class ConfigForm:
         import ipywidgets as w
 
         c = self.controls
-        left = w.VBox([c["model"], c["custom_params"], c["stage"], c["offload_optimizer"], c["offload_param"],
+        left = w.VBox(layout=w.Layout(min_width="360px"), children=[c["model"], c["custom_params"], c["stage"], c["offload_optimizer"], c["offload_param"],
                        self.reason, c["precision"], c["micro_batch"], c["grad_accum"], c["seq_len"], c["lr"],
                        c["grad_clip"], c["trainer"], c["grad_ckpt"], c["nvme_path"]])
         right = w.VBox([w.HTML("<b>Predicted memory</b>"), self.bars, w.HTML("<b>Problems</b>"), self.problems_view,

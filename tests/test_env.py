@@ -182,3 +182,15 @@ def test_summary_reads_the_same_on_any_machine(clean_env):
     assert text.splitlines()[0] == "all checks held: True"
     assert "a T4 trains in: fp16 (native bf16: False)" in text
     assert machine.gpu_name is None or machine.gpu_name not in text
+
+
+def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        clean_env.setenv("MASTER_PORT", str(busy))
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        clean_env.setenv("MASTER_PORT", str(busy))
+        clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # under a launcher its port is kept
+        assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)
