@@ -1,0 +1,221 @@
+"""ZeRO-Infinity for a small machine: a ZeRO-3 + NVMe config derived for a model and a hardware
+budget, a disk-space refusal before training, a disk bandwidth probe, and the model-size ladder of
+notebook 06 (each run through helpers.bench in its own subprocess, killed past the RAM budget as
+Colab would kill the kernel).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import bench, config, memory
+from helpers import env as kit_env
+from helpers.tables import Table
+
+GiB = 2**30
+#: NVMe bytes per parameter measured for GPT-2 XL with parameters and optimizer on NVMe (26.3 GiB
+#: for 1.56B: fp16 weights, fp32 master weights, Adam's moments, gradient swap space).
+NVME_BYTES_PER_PARAM = 18.2
+DISK_MARGIN = 1.25
+METHODS: list[tuple[str, dict]] = [
+    ("stage 0 (no ZeRO)", {"stage": 0}),
+    ("ZeRO-2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
+    ("ZeRO-3 + NVMe", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+]
+
+
+def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
+                nvme_path: str | os.PathLike) -> dict:
+    """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
+
+    Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
+    distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
+    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget.
+    """
+    tight = environment.ram_budget_bytes < config.PIN_MEMORY_MIN_RAM
+    sub_group = int(min(1e8, max(1e6, model.n_params // 16)))
+    return config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
+                        trainer=False, environment=environment, nvme_path=nvme_path, pin_memory=not tight,
+                        largest_param_numel=model.largest_param_numel, sub_group_size=sub_group,
+                        max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
+                        param_persistence_threshold=int(1e5))
+
+
+def nvme_bytes_needed(model: memory.ModelInfo) -> int:
+    """Disk the NVMe files will take (measured bytes per parameter), before the safety margin."""
+    return int(NVME_BYTES_PER_PARAM * model.n_params)
+
+
+def check_disk(model: memory.ModelInfo, path: str | os.PathLike, margin: float = DISK_MARGIN) -> int:
+    """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files; returns the bytes free."""
+    need = int(nvme_bytes_needed(model) * margin)
+    free = kit_env.disk_free_bytes(Path(path))
+    if free < need:
+        raise kit_env.KitSetupError(
+            f"NVMe offload of {model.name or 'this model'} ({model.n_params / 1e9:.2f}B parameters) needs about "
+            f"{need / 1e9:.1f} GB at {path} ({nvme_bytes_needed(model) / 1e9:.1f} GB of files + {margin - 1:.0%} margin), "
+            f"but only {free / 1e9:.1f} GB are free there: free some space or point nvme_path at a bigger local disk.")
+    return free
+
+
+def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float, float]:
+    """(write, read) MB/s of the disk at ``path``: a file written with fsync, its cache dropped, read back."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / ".kit_bandwidth_probe"
+    block = os.urandom(1 << 20)
+    start = time.perf_counter()
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(megabytes):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    write = megabytes / (time.perf_counter() - start)
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        while os.read(fd, 1 << 20):
+            pass
+        read = megabytes / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return write, read
+
+
+def predicted_nvme_step_s(model: memory.ModelInfo, write_mb_s: float, read_mb_s: float) -> float:
+    """A lower bound on a step's time: the optimizer states (12 B/param) read and written once, the
+    fp16 parameters (2 B/param) read twice (forward and backward)."""
+    p = model.n_params
+    return (12 * p / 1e6) * (1 / read_mb_s + 1 / write_mb_s) + (4 * p / 1e6) / read_mb_s
+
+
+@dataclass
+class Rung:
+    """One (model size, method) of the ladder."""
+
+    shape: str
+    method: str
+    result: bench.RunResult
+    n_params: int
+
+
+def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
+               nvme_path: str | os.PathLike, nvme_ready: bool, ram_limit_bytes: int | None,
+               progress: bool = True) -> list[Rung]:
+    """Every size with every method; a method stops climbing once a size fails for it."""
+    from tqdm.auto import tqdm
+
+    rungs, stopped = [], set()
+    todo = [(shape, method) for shape in shapes for method in METHODS]
+    for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
+        info = memory.ModelInfo.gpt2(shape)
+        if method in stopped:
+            rungs.append(Rung(shape, method, bench.RunResult(method, "not tried", "a smaller size already failed"), info.n_params))
+            continue
+        if "nvme" in choice.values():
+            if not nvme_ready:
+                rungs.append(Rung(shape, method, bench.RunResult(method, "not here", "libaio missing: apt-get install -y libaio-dev"), info.n_params))
+                continue
+            try:
+                check_disk(info, nvme_path)
+            except kit_env.KitSetupError as err:
+                rungs.append(Rung(shape, method, bench.RunResult(method, "refused: disk", str(err)), info.n_params))
+                stopped.add(method)
+                continue
+            ds = nvme_config(info, environment, micro_batch, Path(nvme_path) / f"{shape}")
+        else:
+            ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
+                              pin_memory=False)
+        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+                             grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
+                             zero_init=choice["stage"] == 3, timeout_s=3600)
+        result = bench.measure(spec)
+        rungs.append(Rung(shape, method, result, info.n_params))
+        if result.status != bench.OK:
+            stopped.add(method)
+    return rungs
+
+
+def ladder_table(rungs: list[Rung]) -> Table:
+    gib = lambda b: "-" if not b else f"{b / GiB:.2f}"
+    rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method,
+             r.result.status if r.result.status == bench.OK else f"{r.result.status}: {r.result.message[:90]}",
+             gib(r.result.peak_gpu_allocated_bytes), gib(r.result.peak_host_rss_bytes), gib(r.result.peak_nvme_bytes),
+             "-" if r.result.median_step_s is None else f"{r.result.median_step_s:.2f}",
+             f"{r.result.losses[0]:.2f} -> {r.result.losses[-1]:.2f}" if r.result.losses else "-") for r in rungs]
+    return Table(["model", "parameters", "method", "status", "GPU GiB", "host RSS GiB", "NVMe GiB", "s/step", "loss"],
+                 rows, title="The ladder")
+
+
+def largest_per_method(rungs: list[Rung]) -> dict[str, Rung | None]:
+    """The largest size that trained under each method (None when none did)."""
+    out: dict[str, Rung | None] = {m: None for m, _ in METHODS}
+    for r in rungs:
+        if r.result.status == bench.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
+            out[r.method] = r
+    return out
+
+
+def plot_largest(rungs: list[Rung]):
+    import matplotlib.pyplot as plt
+
+    best = largest_per_method(rungs)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    names = list(best)
+    ax.barh(names, [(b.n_params / 1e9 if b else 0) for b in best.values()], color=["gray", "tab:orange", "tab:green"])
+    for i, b in enumerate(best.values()):
+        ax.text((b.n_params / 1e9 if b else 0), i, f" {b.shape} ({b.result.median_step_s:.1f} s/step)" if b else " none",
+                va="center", fontsize=8)
+    ax.set_xlabel("largest model trained (billions of parameters)")
+    ax.set_title("Inside the T4 envelope: 15 GiB GPU, 12.7 GB RAM")
+    fig.tight_layout()
+    return fig
+
+
+def starting_loss_ok(result: bench.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
+    """The first loss is near ln(vocab), as a freshly initialised model's should be (not ~100)."""
+    return bool(result.losses) and abs(result.losses[0] - math.log(vocab)) <= tolerance
+
+
+def refusal_message(path: str | os.PathLike) -> str:
+    """What check_disk says for a model far too big for the disk at ``path`` (notebook 06 shows it)."""
+    huge = memory.ModelInfo.from_count(10**13, name="a 10-trillion-parameter model")
+    try:
+        check_disk(huge, path)
+    except kit_env.KitSetupError as err:
+        return str(err)
+    return "the disk is big enough even for that"
+
+
+def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | None,
+           ram_limit_bytes: int | None, vocab: int = 50257) -> list[tuple[str, bool]]:
+    """Notebook 06's claims. With ``headline`` (a shape, on a GPU): it trains with ZeRO-3 + NVMe inside
+    the envelope, from a normal starting loss, falling; the same shape under stage 0 is out of memory."""
+    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe"]
+    out = [("every rung ran or says why not", all(r.result.status == bench.OK or r.result.message for r in rungs)),
+           ("NVMe rows start from a normal loss (about ln 50257 = 10.8, not ~100)",
+            all(starting_loss_ok(r.result, vocab) for r in nvme if r.result.status == bench.OK))]
+    if headline:
+        top = next((r for r in nvme if r.shape == headline), None)
+        ok = bool(top and top.result.status == bench.OK)
+        res = top.result if top else None
+        out += [(f"{headline} trains with ZeRO-3 + NVMe", ok),
+                (f"{headline}: at least 5 optimizer steps", ok and res.steps_done >= 5),
+                (f"{headline}: loss finite and falling", ok and all(math.isfinite(l) for l in res.losses)
+                 and res.losses[-1] < res.losses[0]),
+                (f"{headline}: peak GPU within 15 GiB", ok and res.peak_gpu_allocated_bytes <= 15 * GiB),
+                (f"{headline}: peak host RSS within {ram_limit_bytes / GiB:.0f} GiB" if ram_limit_bytes else
+                 f"{headline}: peak host RSS measured", ok and (not ram_limit_bytes or res.peak_host_rss_bytes <= ram_limit_bytes))]
+        plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
+        out.append((f"{headline} under stage 0 runs out of GPU memory (or was not tried after a smaller size failed)",
+                    bool(plain and plain.result.status in (bench.OOM, "not tried"))))
+    return out

@@ -1,0 +1,49 @@
+"""helpers.infinity: the derived NVMe config, the disk refusal, the ladder's bookkeeping."""
+
+import pytest
+
+from helpers import bench, env, infinity, memory
+
+XL = memory.ModelInfo.gpt2("gpt2-1.5b")
+
+
+def test_nvme_config_fits_the_largest_parameter_and_a_small_ram(tmp_path):
+    t4 = __import__("helpers.config", fromlist=["x"]).t4_profile(env.describe())
+    c = infinity.nvme_config(XL, t4, 4, tmp_path)
+    zero = c["zero_optimization"]
+    assert zero["offload_param"]["buffer_size"] >= XL.largest_param_numel
+    assert zero["stage3_max_reuse_distance"] == 0 and zero["offload_param"]["pin_memory"] is False
+    assert zero["offload_optimizer"]["nvme_path"] == str(tmp_path) and zero["sub_group_size"] <= 100_000_000
+
+
+def test_not_enough_disk_is_refused_before_training_with_the_bytes(monkeypatch, tmp_path):
+    monkeypatch.setattr(env, "disk_free_bytes", lambda path: 10 * 10**9)
+    with pytest.raises(env.KitSetupError, match=r"needs about 35\.4 GB at .* only 10\.0 GB are free"):
+        infinity.check_disk(XL, tmp_path)
+    assert "are free there" in infinity.refusal_message(tmp_path)
+
+
+def test_disk_bandwidth_is_positive_and_leaves_nothing(tmp_path):
+    write, read = infinity.disk_bandwidth(tmp_path, megabytes=8)
+    assert write > 0 and read > 0 and list(tmp_path.iterdir()) == []
+
+
+def test_ladder_stops_a_method_after_its_first_failure(monkeypatch, tmp_path):
+    def fake(spec):
+        oom = spec.shape == "mini" and spec.ds_config["zero_optimization"]["stage"] == 0
+        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+                               steps_done=2, median_step_s=1.0)
+
+    monkeypatch.setattr(bench, "measure", fake)
+    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None, progress=False)
+    status = {(r.shape, r.method): r.result.status for r in rungs}
+    assert status[("mini", "stage 0 (no ZeRO)")] == bench.OOM and status[("gpt2-124m", "stage 0 (no ZeRO)")] == "not tried"
+    assert status[("gpt2-124m", "ZeRO-3 + NVMe")] == bench.OK
+    best = infinity.largest_per_method(rungs)
+    assert best["stage 0 (no ZeRO)"].shape == "tiny" and best["ZeRO-3 + NVMe"].shape == "gpt2-124m"
+    assert "not tried" in str(infinity.ladder_table(rungs))
+
+
+def test_starting_loss_rule():
+    assert infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[11.0]), 50257)
+    assert not infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[120.0]), 50257)
