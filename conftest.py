@@ -22,20 +22,15 @@ for key, value in {
 
 import pytest
 
-_DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
 @pytest.fixture(autouse=True)
-def _restore_dist_env():
-    """Tests that start DeepSpeed in-process set MASTER_PORT and friends: keep them from leaking
-    into later tests and into the notebook kernels nbval starts (they inherit the environment)."""
-    saved = {k: os.environ.get(k) for k in _DIST_KEYS}
+def _restore_environment():
+    """Tests that start DeepSpeed in-process set MASTER_PORT, LOCAL_WORLD_SIZE and friends (the
+    Trainer and accelerate add their own): put the environment back after each test, so nothing
+    leaks into later tests or into the notebook kernels nbval starts (they inherit it)."""
+    saved = dict(os.environ)
     yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def pytest_collectstart(collector):

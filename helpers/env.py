@@ -197,8 +197,12 @@ def install_command(package: str) -> str:
     return f'pip install "{spec}"'
 
 
-def free_port(start: int = 29500, tries: int = 200, host: str = "127.0.0.1") -> int:
-    """The first port from ``start`` on that nothing listens on (probed by binding to it)."""
+def free_port(start: int = 29500, tries: int = 200, host: str = "") -> int:
+    """The first port from ``start`` on that nothing listens on (probed by binding to it).
+
+    The probe binds the wildcard address: torch's TCPStore listens on all addresses (IPv6 dual
+    stack), so a port free on 127.0.0.1 alone can still be taken for it.
+    """
     for port in range(start, start + tries):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -212,7 +216,7 @@ def free_port(start: int = 29500, tries: int = 200, host: str = "127.0.0.1") -> 
 _DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
-def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+def _port_free(port: int, host: str = "") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
@@ -223,7 +227,8 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
 
 def _launched() -> bool:
     """True when a real launcher (torchrun, the deepspeed launcher) started this process."""
-    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")) or os.environ.get("WORLD_SIZE", "1") != "1"
+    # Not LOCAL_WORLD_SIZE: accelerate sets it in a plain process too.
+    return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("WORLD_SIZE", "1") != "1"
 
 
 def setup_single_process_dist(port: int | None = None) -> dict[str, str]:

@@ -192,5 +192,8 @@ def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
         clean_env.setenv("MASTER_PORT", str(busy))
         assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
-        clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # under a launcher its port is kept
+        clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # accelerate sets this in a plain process: not a launcher
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        clean_env.setenv("MASTER_PORT", str(busy))
+        clean_env.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun its port is kept
         assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)
