@@ -235,7 +235,7 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
             "ram_small", "warning",
             f"{facts.ram_budget_bytes / kit_env.GB:.1f} GB of RAM is too little for CPU offload of GPT-2 355M "
             f"(about {need:.1f} GB).",
-            "ZeRO-Offload keeps fp32 weights, Adam's moments and fp32 gradients in host RAM: about 23 bytes "
+            "ZeRO-Offload keeps fp32 weights, Adam's moments and fp32 gradients in host RAM: about 20 bytes "
             "per parameter plus a ~2 GiB process base. "
             + (f"Fits: {', '.join(fitting)}." if fitting else "Neither GPT-2 size fits."),
             "Use the smaller model for CPU offload, or NVMe offload (notebook 06), which pages states to disk.",

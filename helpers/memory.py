@@ -1,35 +1,35 @@
 """Memory: how many bytes a ZeRO setup needs on the GPU, in host RAM and on NVMe.
 
-So far: the host-RAM rule for ZeRO-2 with CPU optimizer offload, used by notebook 01's verdict.
-
-The ZeRO paper's accounting (mixed-precision Adam) puts 16 bytes per parameter in model states:
-fp16 parameters (2) and gradients (2) plus fp32 master parameters, momentum and variance (12).
-With the optimizer offloaded, the fp32 states (12), the fp32 gradients DeepSpeed's CPU Adam reads
-(4) and pinned fp16 transfer buffers live in host RAM. On our GPU machine (H200 capped to a T4's
-15 GiB, fp16, GPT-2 355M and 1.56B) peak host RSS was 9.8 GiB and 35.8 GiB: a straight line of
-about 23.2 bytes per parameter over a 2.1 GiB base (CUDA context, torch, Python). Those two
-measured points set the constants below.
+:func:`estimate` predicts every place and kind; :func:`cpu_offload_host_bytes` and
+:func:`cpu_offload_max_params` answer the question notebook 01's verdict asks ("how large a
+model can ZeRO-2 with CPU offload train in this much RAM?") with the same estimate, so the kit
+has one host-RAM model, not two.
 """
 
 from __future__ import annotations
 
 GiB = 2**30
 
-#: Host bytes per parameter under ZeRO-2 + CPU optimizer offload (fitted; see module docstring).
-CPU_OFFLOAD_HOST_BYTES_PER_PARAM = 23.2
-#: Host RSS of a training process before model states (CUDA context, libraries), in bytes.
-PROCESS_BASE_HOST_BYTES = int(2.1 * GiB)
+
+def cpu_offload_host_bytes(n_params: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
+    """Predicted peak host RSS of ZeRO-2 with CPU optimizer offload for ``n_params`` parameters.
+
+    :func:`estimate`'s host total: process base, the fp32 model as first built, the fp32
+    gradient partition, fp32 master weights and Adam's moments (about 20 bytes per parameter), plus
+    2 more when offload buffers are pinned (DeepSpeed's default since 0.19.5).
+    """
+    from helpers import config
+
+    ds = config.build(stage=2, offload_optimizer="cpu", trainer=False, precision="fp16", pin_memory=pin_memory)
+    return estimate(ModelInfo.from_count(n_params), ds, on_gpu=on_gpu).total("cpu")
 
 
-def cpu_offload_host_bytes(n_params: int) -> int:
-    """Predicted peak host RSS of ZeRO-2 with CPU optimizer offload for ``n_params`` parameters."""
-    return int(PROCESS_BASE_HOST_BYTES + CPU_OFFLOAD_HOST_BYTES_PER_PARAM * n_params)
-
-
-def cpu_offload_max_params(ram_bytes: int) -> int:
+def cpu_offload_max_params(ram_bytes: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
     """The largest parameter count whose ZeRO-2 CPU-offload run fits in ``ram_bytes`` of host RAM."""
-    room = ram_bytes - PROCESS_BASE_HOST_BYTES
-    return max(0, int(room / CPU_OFFLOAD_HOST_BYTES_PER_PARAM))
+    low, high = (cpu_offload_host_bytes(n, pin_memory, on_gpu) for n in (10**9, 2 * 10**9))
+    per_param = (high - low) / 10**9  # the host estimate is linear in the parameter count
+    base = low - per_param * 10**9
+    return max(0, int((ram_bytes - base) / per_param))
 
 
 # ---- the estimator -------------------------------------------------------------------------------------

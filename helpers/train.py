@@ -195,6 +195,26 @@ def loss_fell(losses: list[float], ratio: float = 0.7, window: int = 5) -> bool:
     return sum(losses[-window:]) / window <= ratio * losses[0]
 
 
+def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: TrainRun,
+           environment: kit_env.Environment) -> list[tuple[str, bool]]:
+    """The claims notebook 04 asserts, each (claim, held)."""
+    import math
+
+    losses = run.losses()
+    first, last5 = (losses[0], sum(losses[-5:]) / 5) if len(losses) >= 5 else (float("nan"), float("nan"))
+    peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in run.records), default=0)
+    return [
+        ("training ran", run.status == "ok"),
+        (f"the loss fell: mean of the last 5 ({last5:.3f}) <= 0.7 x the first ({first:.3f})", loss_fell(losses)),
+        ("every loss is finite", bool(losses) and all(math.isfinite(l) for l in losses)),
+        ("the reloaded model gives the same logits", logit_diff <= 1e-3),
+        ("resume continued at the next step", resume[0]),
+        ("resume reproduced the losses", resume[1]),
+        ("out of GPU memory was reported with advice", oom.status == "out of GPU memory" and "notebook 05" in oom.message),
+        ("peak GPU memory within a T4's 15 GiB", not environment.has_gpu or peak_gpu <= kit_env.EMULATIONS["t4"].gpu_bytes),
+    ]
+
+
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
     """Greedy continuation of ``prompt`` (the model's own device and dtype)."""
     import torch

@@ -96,3 +96,17 @@ def test_out_of_memory_becomes_advice_and_the_next_run_works(tmp_path):
 
 def test_loss_fell_rule():
     assert train.loss_fell([10, 9, 6, 6, 6, 6, 6]) and not train.loss_fell([10, 9, 8, 8, 8, 8, 8]) and not train.loss_fell([1])
+
+
+def test_notebook_checks_fail_on_a_bad_run(trained):
+    _, run, _ = trained
+    from helpers import env
+
+    broken = train.TrainRun("error", "boom", run.records[:2])
+    oom = train.TrainRun("out of GPU memory", "out of GPU memory at micro batch 4: try ... (notebook 05)")
+    good = dict(train.checks(run, 0.0, (True, True), oom, env.describe()))
+    assert all(good.values()), good
+    bad = dict(train.checks(broken, 1.0, (False, True), train.TrainRun("ok"), env.describe()))
+    failed = {k.split(":")[0] for k, held in bad.items() if not held}
+    assert {"training ran", "the loss fell", "the reloaded model gives the same logits",
+            "resume continued at the next step", "out of GPU memory was reported with advice"} <= failed
