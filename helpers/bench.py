@@ -5,6 +5,7 @@ half-initialised process group. The parent watches the whole process tree's host
 kill it past a RAM budget, as Colab's out-of-memory killer would), and the disk used by NVMe files.
 
     python -m helpers.bench --shape gpt2-124m --stage 2 --offload-optimizer cpu --steps 5
+    python -m helpers.bench --matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from helpers.tables import Table
 
 OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", "out of GPU memory", "killed for host RAM", "timeout", "error"
 FAKE_OOM_ENV = "KIT_BENCH_FAKE_OOM"  # test hook: the worker raises an out-of-memory error at step 0
+LOG_ENV = "KIT_BENCH_LOG"  # a file: every finished run appends its result there as one JSON line
 
 
 @dataclass
@@ -291,6 +293,7 @@ def run(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
                "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()), *worker]
     log_file = open(log_path or work / "log.txt", "w")
     nvme = nvme_path(spec.ds_config)
+    nvme_existed = bool(nvme) and os.path.exists(nvme)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),
                             env=_child_env(spec.world_size, spec.force_cpu), start_new_session=True)
@@ -329,9 +332,23 @@ def run(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
     else:
         _merge(result, ranks)
     if nvme:
-        shutil.rmtree(nvme, ignore_errors=True)
+        _remove_swap_files(nvme, created=not nvme_existed)
     shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get(LOG_ENV):
+        with open(os.environ[LOG_ENV], "a") as log:
+            log.write(json.dumps({"shape": spec.shape, **asdict(result)}) + "\n")
     return result
+
+
+def _remove_swap_files(path: str, created: bool) -> None:
+    """Delete what DeepSpeed wrote under an NVMe path (its ``zero_stage_3`` folder), never the
+    user's other files; the path itself only when this run created it and it is empty now."""
+    shutil.rmtree(os.path.join(path, "zero_stage_3"), ignore_errors=True)
+    if created:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def _last_error(log: str) -> str:
@@ -434,9 +451,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--grad-ckpt", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--matrix", action="store_true",
+                        help="run the stage/offload matrix of notebook 05 instead of one config (with its predictions)")
+    parser.add_argument("--only", help="with --matrix: a comma-separated list of its rows, e.g. 'stage 0,stage 3'")
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args.worker)
+    if args.matrix:
+        return _main_matrix(args)
     from helpers import config as kit_config
 
     if args.config:
@@ -450,6 +472,31 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(spec)
     print(json.dumps(asdict(result), indent=1) if args.json else results_table([result]))
     return 0 if result.status == OK else 1
+
+
+def _main_matrix(args) -> int:
+    from helpers import doctor, matrix
+
+    rows_known = [label for label, _ in MATRIX]
+    labels = [x.strip() for x in args.only.split(",")] if args.only else None
+    unknown = [x for x in labels or [] if x not in rows_known]
+    if unknown:
+        print(f"unknown matrix row(s) {unknown}: choose from {rows_known}", file=sys.stderr)
+        return 2
+    machine = kit_env.describe()
+    if args.world_size > 1 and machine.has_gpu and machine.gpu_count < args.world_size:
+        print(f"--world-size {args.world_size} needs {args.world_size} GPUs, this machine has {machine.gpu_count}: "
+              "use --world-size 1, or a machine with more GPUs (Kaggle: GPU T4 x2)", file=sys.stderr)
+        return 2
+    rows = matrix.run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
+                             nvme_ready=doctor.libaio_available(), labels=labels, world_size=args.world_size,
+                             progress=False)
+    if args.json:
+        print(json.dumps([asdict(r.result) for r in rows], indent=1))
+    else:
+        print(matrix.table(rows, machine))
+        print(matrix.ranks_table(rows))
+    return 0 if all(r.result.status in (OK, "not here") for r in rows) else 1
 
 
 if __name__ == "__main__":

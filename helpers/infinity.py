@@ -34,10 +34,12 @@ def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro
 
     Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
     distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
-    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget.
+    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget (a
+    sub-group's fp32 weights, gradients and moments pass through RAM together: 1/32 of the model
+    keeps that near 1 GB at 1.5B parameters; the embedding, one parameter, stays a group of its own).
     """
     tight = environment.ram_budget_bytes < config.PIN_MEMORY_MIN_RAM
-    sub_group = int(min(1e8, max(1e6, model.n_params // 16)))
+    sub_group = int(min(1e8, max(1e6, model.n_params // 32)))
     return config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
                         trainer=False, environment=environment, nvme_path=nvme_path, pin_memory=not tight,
                         largest_param_numel=model.largest_param_numel, sub_group_size=sub_group,
@@ -110,25 +112,40 @@ class Rung:
 
 def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                nvme_path: str | os.PathLike, nvme_ready: bool, ram_limit_bytes: int | None,
-               progress: bool = True) -> list[Rung]:
-    """Every size with every method; a method stops climbing once a size fails for it."""
+               headline: str | None = None, budget_minutes: float | None = None, progress: bool = True) -> list[Rung]:
+    """Every size with every method, smallest first. A method stops climbing once a size fails for
+    it (except stage 0 at ``headline``, run to show that it does not fit). Past ``headline`` (or
+    from the start without one) a method also stops once its next rung, predicted from its last one
+    (wall time scaled by parameters), would end past ``budget_minutes`` (0: stop at the headline)."""
     from tqdm.auto import tqdm
 
-    rungs, stopped = [], set()
+    rungs, stopped, last = [], set(), {}
+    start = time.perf_counter()
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
         info = memory.ModelInfo.gpt2(shape)
-        if method in stopped:
-            rungs.append(Rung(shape, method, bench.RunResult(method, "not tried", "a smaller size already failed"), info.n_params))
+        skip = lambda status, why: rungs.append(Rung(shape, method, bench.RunResult(method, status, why), info.n_params))
+        if method in stopped and not (shape == headline and choice["stage"] == 0):
+            skip("not tried", "a smaller size already failed, or the time budget ran out")
             continue
+        past_headline = headline is None or (headline in shapes and shapes.index(shape) > shapes.index(headline))
+        if budget_minutes is not None and past_headline and method in last:
+            n, wall = last[method]
+            predicted = wall * info.n_params / n
+            elapsed = time.perf_counter() - start
+            if elapsed + predicted > 60 * budget_minutes:
+                skip("not tried", f"would take about {predicted / 60:.0f} min (the last size took {wall / 60:.1f}), "
+                                  f"past the ladder's budget of {budget_minutes:g} min: raise LADDER_MINUTES to climb further")
+                stopped.add(method)
+                continue
         if "nvme" in choice.values():
             if not nvme_ready:
-                rungs.append(Rung(shape, method, bench.RunResult(method, "not here", "libaio missing: apt-get install -y libaio-dev"), info.n_params))
+                skip("not here", "libaio missing: apt-get install -y libaio-dev")
                 continue
             try:
                 check_disk(info, nvme_path)
             except kit_env.KitSetupError as err:
-                rungs.append(Rung(shape, method, bench.RunResult(method, "refused: disk", str(err)), info.n_params))
+                skip("refused: disk", str(err))
                 stopped.add(method)
                 continue
             ds = nvme_config(info, environment, micro_batch, Path(nvme_path) / f"{shape}")
@@ -140,7 +157,9 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                              zero_init=choice["stage"] == 3, timeout_s=3600)
         result = bench.measure(spec)
         rungs.append(Rung(shape, method, result, info.n_params))
-        if result.status != bench.OK:
+        if result.status == bench.OK:
+            last[method] = (info.n_params, result.wall_s)
+        else:
             stopped.add(method)
     return rungs
 
@@ -163,6 +182,20 @@ def largest_per_method(rungs: list[Rung]) -> dict[str, Rung | None]:
         if r.result.status == bench.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
             out[r.method] = r
     return out
+
+
+def largest_table(rungs: list[Rung]) -> Table:
+    """The largest size that trained under each method, with its step time and peaks."""
+    gib = lambda b: "-" if not b else f"{b / GiB:.2f}"
+    rows = []
+    for method, r in largest_per_method(rungs).items():
+        if r is None:
+            rows.append((method, "none", "-", "-", "-", "-"))
+        else:
+            rows.append((method, r.shape, f"{r.n_params / 1e6:,.0f}M", f"{r.result.median_step_s:.2f}",
+                         gib(r.result.peak_gpu_allocated_bytes), gib(r.result.peak_host_rss_bytes)))
+    return Table(["method", "largest trained", "parameters", "s/step", "GPU GiB", "host RSS GiB"], rows,
+                 title="The largest model per method")
 
 
 def plot_largest(rungs: list[Rung]):
@@ -203,7 +236,9 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe"]
     out = [("every rung ran or says why not", all(r.result.status == bench.OK or r.result.message for r in rungs)),
            ("NVMe rows start from a normal loss (about ln 50257 = 10.8, not ~100)",
-            all(starting_loss_ok(r.result, vocab) for r in nvme if r.result.status == bench.OK))]
+            all(starting_loss_ok(r.result, vocab) for r in nvme if r.result.status == bench.OK)),
+           ("NVMe rows: the loss falls", all(r.result.losses[-1] < r.result.losses[0]
+                                             for r in nvme if r.result.status == bench.OK))]
     if headline:
         top = next((r for r in nvme if r.shape == headline), None)
         ok = bool(top and top.result.status == bench.OK)
@@ -212,7 +247,8 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                 (f"{headline}: at least 5 optimizer steps", ok and res.steps_done >= 5),
                 (f"{headline}: loss finite and falling", ok and all(math.isfinite(l) for l in res.losses)
                  and res.losses[-1] < res.losses[0]),
-                (f"{headline}: peak GPU within 15 GiB", ok and res.peak_gpu_allocated_bytes <= 15 * GiB),
+                (f"{headline}: peak GPU within 15 GiB", ok and res.peak_gpu_allocated_bytes is not None
+                 and res.peak_gpu_allocated_bytes <= 15 * GiB),
                 (f"{headline}: peak host RSS within {ram_limit_bytes / GiB:.0f} GiB" if ram_limit_bytes else
                  f"{headline}: peak host RSS measured", ok and (not ram_limit_bytes or res.peak_host_rss_bytes <= ram_limit_bytes))]
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)

@@ -27,8 +27,9 @@ class Row:
 
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
-               progress: bool = True) -> list[Row]:
-    """Run every row of bench.MATRIX (or ``labels``); NVMe without async_io becomes an explained row."""
+               world_size: int = 1, progress: bool = True) -> list[Row]:
+    """Run every row of bench.MATRIX (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
+    ranks with gloo where there is no GPU); NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.gpt2(shape)
@@ -39,13 +40,13 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
             rows.append(Row(label, choice, None, bench.RunResult(
                 label, "not here", "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                          largest_param_numel=info.largest_param_numel,
+        ds = config.build(**choice, micro_batch=micro_batch, world_size=world_size, trainer=False,
+                          environment=environment, largest_param_numel=info.largest_param_numel,
                           sub_group_size=min(100_000_000, max(1_000_000, info.n_params // 4)))
         spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
-                             grad_ckpt=grad_ckpt, label=label)
-        est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt,
-                              on_gpu=environment.has_gpu)
+                             grad_ckpt=grad_ckpt, label=label, world_size=world_size)
+        est = memory.estimate(info, ds, world_size=world_size, micro_batch=micro_batch, seq_len=seq_len,
+                              grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu)
         rows.append(Row(label, choice, spec, bench.measure(spec), est))
     return rows
 
@@ -131,24 +132,10 @@ def checks(rows: list[Row], environment: kit_env.Environment, gpu_rtol: float = 
     return out
 
 
-# ---- the 2-rank partition check --------------------------------------------------------------------------
+# ---- 2 ranks: ZeRO's fractions --------------------------------------------------------------------------
 
-
-def partition_runs(shape: str = "tiny", seq_len: int = 64, micro_batch: int = 2, steps: int = 2,
-                   progress: bool = True) -> dict[tuple[int, int], bench.RunResult]:
-    """Stages 0-3 with 1 and 2 ranks on the CPU (gloo, fp32): what each rank holds. Keys (stage, ranks)."""
-    from tqdm.auto import tqdm
-
-    out = {}
-    todo = [(stage, ranks) for stage in range(4) for ranks in (1, 2)]
-    for stage, ranks in tqdm(todo, desc="stage x ranks", disable=not progress):
-        ds = config.build(stage=stage, micro_batch=micro_batch, world_size=ranks, trainer=False, precision="fp32",
-                          pin_memory=False)
-        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
-                             world_size=ranks, force_cpu=True, label=f"stage {stage}, {ranks} rank(s)")
-        out[(stage, ranks)] = bench.measure(spec)
-    return out
-
+#: The configs run again with 2 ranks (NVMe is left out: it partitions like stage 3 + CPU offload, slower).
+TWO_RANK_LABELS = ["stage 0", "stage 1", "stage 2", "stage 3", "stage 2 + CPU offload"]
 
 #: From which stage on each kind is held partitioned at the end of backward. The ZeRO paper's
 #: stage 1 keeps whole gradients; DeepSpeed's stage 1 reduce-scatters them at the accumulation
@@ -158,29 +145,97 @@ def partition_runs(shape: str = "tiny", seq_len: int = 64, micro_batch: int = 2,
 PARTITIONED_FROM = {"optimizer_bytes": 1, "grads_bytes": 1, "params_bytes": 3}
 
 
-def partition_table(runs: dict[tuple[int, int], bench.RunResult]) -> Table:
+def two_rank_plan(environment: kit_env.Environment) -> tuple[str | None, str]:
+    """Where the 2-rank runs go: ("gpu", why) with 2+ GPUs, ("cpu", why) on a machine without a GPU
+    (gloo ranks, fp32), (None, what to do) on one GPU (two CPU ranks would not compare with GPU runs)."""
+    if environment.gpu_count >= 2:
+        return "gpu", (f"{environment.gpu_count} GPUs: one process per GPU (torchrun, NCCL), "
+                       f"{environment.precision}, the same model as above")
+    if not environment.has_gpu:
+        return "cpu", "no GPU: two CPU processes (gloo), fp32, the same tiny model as above"
+    return None, ("one GPU: nothing to partition across. For two free GPUs open this notebook on Kaggle "
+                  "(Settings > Accelerator > GPU T4 x2) and this section runs by itself.")
+
+
+def launch_note(shape: str, steps: int, world_size: int = 2) -> str:
+    """How the 2-rank runs are launched, and the same for your own script from a notebook cell."""
+    return (f"each config runs as:  python -m torch.distributed.run --nproc-per-node {world_size} "
+            f"-m helpers.bench --worker <spec.json>\n"
+            f"the same from a terminal:  python -m helpers.bench --matrix --world-size {world_size} --shape {shape} "
+            f"--steps {steps}\n"
+            f"your own script from a cell:  !deepspeed --num_gpus {world_size} train.py --deepspeed configs/zero2.json")
+
+
+def _rank_bytes(row: Row, kind: str) -> list[int]:
+    return [r.get(kind) or 0 for r in row.result.ranks]
+
+
+def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environment) -> Table:
+    """What one rank holds with 1 rank and with 2, per config: ZeRO's fractions, measured."""
+    solo = {r.label: r for r in one}
+    mib = lambda b: f"{b / 2**20:,.1f}"
+    gib = lambda b: "-" if not b else f"{b / GiB:.2f}"
     rows = []
-    for (stage, ranks), r in sorted(runs.items()):
-        rank0 = r.ranks[0] if r.ranks else {}
-        rows.append((stage, ranks, r.status, *(f"{(rank0.get(k) or 0) / 2**20:.2f}" for k in PARTITIONED_FROM)))
-    return Table(["stage", "ranks", "status", "optimizer MiB/rank", "gradients MiB/rank", "parameters MiB/rank"],
-                 rows, title="What one rank holds")
+    for r in two:
+        s = solo.get(r.label)
+        cells = []
+        for kind in PARTITIONED_FROM:
+            a = _rank_bytes(s, kind)[:1] if s and s.result.ranks else []
+            b = _rank_bytes(r, kind)
+            cells.append(f"{mib(a[0]) if a else '-'} -> {' / '.join(mib(x) for x in b) or '-'}")
+        if environment.has_gpu:
+            peak_one = s.result.peak_gpu_allocated_bytes if s else None
+            peaks = [x.get("peak_gpu_allocated_bytes") for x in r.result.ranks]
+            cells += [f"{gib(peak_one)} -> {' / '.join(gib(p) for p in peaks) or '-'}",
+                      gib(r.estimate.total("gpu")) if r.estimate else "-"]
+        status = r.result.status if r.result.status == bench.OK else f"{r.result.status}: {r.result.message[:60]}"
+        loss = f"{r.result.losses[0]:.4f} -> {r.result.losses[-1]:.4f}" if r.result.losses else "-"
+        rows.append((r.label, status, *cells, loss))
+    head = ["config", "status", "optimizer MiB/rank (1 -> 2 ranks)", "gradients MiB/rank", "parameters MiB/rank"]
+    if environment.has_gpu:
+        head += ["peak GPU GiB/rank (1 -> 2)", "predicted, 2 ranks"]
+    return Table(head + ["loss (2 ranks)"], rows, title="What one rank holds, 1 rank against 2")
 
 
-def partition_checks(runs: dict[tuple[int, int], bench.RunResult], rtol: float = 0.02) -> list[tuple[str, bool]]:
-    """With 2 ranks each rank holds half of what 1 rank holds, for exactly the kinds its stage partitions."""
-    out = [("all 8 runs ok", all(r.status == bench.OK for r in runs.values()))]
-    for stage in range(4):
-        one, two = runs[(stage, 1)], runs[(stage, 2)]
-        if not (one.ranks and two.ranks):
+def ranks_table(rows: list[Row]) -> Table:
+    """Every rank's bytes of optimizer states, gradients and parameters, and its peak GPU memory."""
+    out = []
+    for r in rows:
+        for x in r.result.ranks:
+            peak = x.get("peak_gpu_allocated_bytes")
+            out.append((r.label, x.get("rank"), *(f"{(x.get(k) or 0) / 2**20:,.1f}" for k in PARTITIONED_FROM),
+                        "-" if peak is None else f"{peak / GiB:.2f}"))
+    return Table(["config", "rank", "optimizer MiB", "gradients MiB", "parameters MiB", "peak GPU GiB"], out,
+                 title="Per rank")
+
+
+def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environment,
+                    rtol: float = 0.02) -> list[tuple[str, bool]]:
+    """With 2 ranks each rank holds half of what 1 rank holds, for exactly the kinds its stage
+    partitions; losses agree with stage 0 (2 ranks) and, at the first step, with 1 rank; on GPUs the
+    partitioning stages use less GPU memory per rank than with 1 rank."""
+    solo = {r.label: r for r in one if r.result.status == bench.OK}
+    out = [(f"all {len(two)} 2-rank runs ok", bool(two) and all(r.result.status == bench.OK for r in two))]
+    first_tol, all_tol = loss_tolerance(environment)
+    base = next((r for r in two if r.label == "stage 0" and r.result.status == bench.OK), None)
+    for r in two:
+        s = solo.get(r.label)
+        if r.result.status != bench.OK or not (s and s.result.ranks and len(r.result.ranks) == 2):
             continue
+        stage = int(r.choice.get("stage", 0))
         for kind, from_stage in PARTITIONED_FROM.items():
-            solo = one.ranks[0][kind]
-            shares = [r[kind] for r in two.ranks]
-            expect = solo / 2 if stage >= from_stage else solo
-            held = all(abs(s - expect) <= rtol * solo for s in shares)
-            verb = "halved" if stage >= from_stage else "whole"
-            out.append((f"stage {stage}: {kind.replace('_bytes', '')} {verb} on each of 2 ranks", held))
-        out.append((f"stage {stage}: 2-rank losses match 1-rank's first step",
-                    abs(one.losses[0] - two.losses[0]) <= 1e-4 * abs(one.losses[0])))
+            whole = _rank_bytes(s, kind)[0]
+            expect = whole / 2 if stage >= from_stage else whole
+            held = all(abs(b - expect) <= rtol * whole for b in _rank_bytes(r, kind))
+            out.append((f"{r.label}: {kind.replace('_bytes', '')} {'halved' if stage >= from_stage else 'whole'} "
+                        f"on each of 2 ranks", held))
+        out.append((f"{r.label}: first loss with 2 ranks equals 1 rank's (within {first_tol:g})",
+                     abs(r.result.losses[0] - s.result.losses[0]) <= first_tol * abs(s.result.losses[0])))
+        if base and r is not base:
+            out.append((f"{r.label}: 2-rank losses match 2-rank stage 0 (within {all_tol:g})",
+                        all(abs(b - a) <= all_tol * abs(a) for a, b in zip(base.result.losses, r.result.losses))))
+        if environment.has_gpu and stage >= 1 and "offload" not in r.label.lower():
+            peaks = [x.get("peak_gpu_allocated_bytes") or 0 for x in r.result.ranks]
+            out.append((f"{r.label}: less GPU memory per rank with 2 ranks than with 1",
+                        0 < max(peaks) < s.result.peak_gpu_allocated_bytes))
     return out

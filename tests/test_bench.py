@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from helpers import bench, config, matrix
+from helpers import env
 
 CPU_FP32 = dict(trainer=False, precision="fp32", pin_memory=False, micro_batch=2)
 
@@ -26,10 +27,13 @@ def test_ok_run_reports_every_field():
     assert set(dataclasses.asdict(r)) == {f.name for f in dataclasses.fields(bench.RunResult)}
 
 
-def test_out_of_memory_is_a_status(monkeypatch):
+def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
     monkeypatch.setenv(bench.FAKE_OOM_ENV, "1")
+    monkeypatch.setenv(bench.LOG_ENV, str(tmp_path / "runs.jsonl"))
     r = bench.measure(spec())
     assert r.status == bench.OOM and "out of memory" in r.message.lower() and r.losses == []
+    logged = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [(x["shape"], x["status"]) for x in logged] == [("tiny", bench.OOM)]
 
 
 def test_a_run_past_its_ram_budget_is_killed_and_reported():
@@ -54,11 +58,43 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
     assert all(abs(r["params_bytes"] - solo3["params_bytes"] / 2) <= 0.02 * solo3["params_bytes"] for r in runs[(3, 2)].ranks)
 
 
-def test_partition_checks_fail_when_bytes_do_not_halve():
-    whole = bench.RunResult("x", bench.OK, losses=[1.0], ranks=[{"optimizer_bytes": 8, "grads_bytes": 4, "params_bytes": 4}])
-    fake = {(s, n): whole if n == 1 else dataclasses.replace(whole, ranks=[whole.ranks[0]] * 2) for s in range(4) for n in (1, 2)}
-    failed = [claim for claim, held in matrix.partition_checks(fake) if not held]
+def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[matrix.Row]:
+    out = []
+    for label in matrix.TWO_RANK_LABELS:
+        choice = dict(bench.MATRIX)[label]
+        share = 2 if (halve and ranks == 2 and choice["stage"] >= 1) else 1
+        per = {"optimizer_bytes": 800 // share, "grads_bytes": 400 // share,
+               "params_bytes": 400 // (share if choice["stage"] == 3 else 1), "peak_gpu_allocated_bytes": peak}
+        result = bench.RunResult(label, bench.OK, losses=list(losses), peak_gpu_allocated_bytes=peak,
+                                 ranks=[dict(per, rank=i) for i in range(ranks)])
+        out.append(matrix.Row(label, choice, None, result, None))
+    return out
+
+
+def test_two_rank_checks_hold_for_zero_fractions_and_fail_otherwise():
+    cpu = env.describe()
+    assert all(held for _, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), cpu))
+    failed = [claim for claim, held in matrix.two_rank_checks(_rows(1, True), _rows(2, False), cpu) if not held]
     assert "stage 1: optimizer halved on each of 2 ranks" in failed and "stage 3: params halved on each of 2 ranks" in failed
+    assert "stage 0: optimizer whole on each of 2 ranks" not in failed
+    two = _rows(2, True)
+    two[1].result.losses, two[2].result.losses = [2.0, 1.5], [2.5, 1.0]
+    drift = [c for c, held in matrix.two_rank_checks(_rows(1, True), two, cpu) if not held]
+    assert drift == ["stage 1: 2-rank losses match 2-rank stage 0 (within 0.0001)",
+                     "stage 2: first loss with 2 ranks equals 1 rank's (within 0.0001)",
+                     "stage 2: 2-rank losses match 2-rank stage 0 (within 0.0001)"]
+    gpu = dataclasses.replace(cpu, gpu_name="T4", gpu_count=2, precision="fp16")
+    same_peak = [c for c, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), gpu) if not held]
+    assert "stage 3: less GPU memory per rank with 2 ranks than with 1" in same_peak
+    assert not [c for c, held in matrix.two_rank_checks(_rows(1, True, peak=100), _rows(2, True, peak=60), gpu) if not held]
+
+
+def test_two_rank_plan_follows_the_gpus():
+    cpu = env.describe()
+    assert matrix.two_rank_plan(cpu)[0] == "cpu"
+    assert matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=2))[0] == "gpu"
+    where, why = matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=1))
+    assert where is None and "Kaggle" in why
 
 
 def test_command_line_prints_the_table():
@@ -66,3 +102,26 @@ def test_command_line_prints_the_table():
                            "--precision", "fp32"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Measured runs" in done.stdout and "stage 1" in done.stdout and " ok " in done.stdout
+
+
+def test_command_line_matrix_with_two_ranks():
+    done = subprocess.run([sys.executable, "-m", "helpers.bench", "--matrix", "--only", "stage 0,stage 3", "--world-size", "2",
+                           "--shape", "tiny", "--steps", "2"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Per rank" in done.stdout and "stage 3" in done.stdout and "stage 1" not in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "helpers.bench", "--matrix", "--only", "stage 9"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown matrix row" in bad.stderr
+
+
+def test_nvme_cleanup_removes_only_deepspeeds_swap_folder(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("keep me")
+    (tmp_path / "zero_stage_3" / "optimizer" / "rank0").mkdir(parents=True)
+    (tmp_path / "zero_stage_3" / "optimizer" / "rank0" / "0.tensor.swp").write_bytes(b"x" * 10)
+    bench._remove_swap_files(str(tmp_path), created=True)
+    assert mine.read_text() == "keep me" and not (tmp_path / "zero_stage_3").exists()
+    fresh = tmp_path / "fresh"
+    (fresh / "zero_stage_3").mkdir(parents=True)
+    bench._remove_swap_files(str(fresh), created=True)
+    assert not fresh.exists()

@@ -47,3 +47,47 @@ def test_ladder_stops_a_method_after_its_first_failure(monkeypatch, tmp_path):
 def test_starting_loss_rule():
     assert infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[11.0]), 50257)
     assert not infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[120.0]), 50257)
+
+
+def _fake_measure(oom_shapes_stage0=("mini",), wall_s=10.0):
+    def fake(spec):
+        oom = spec.shape in oom_shapes_stage0 and spec.ds_config["zero_optimization"]["stage"] == 0
+        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+                               steps_done=2, median_step_s=1.0, wall_s=wall_s,
+                               peak_gpu_allocated_bytes=2**30)
+    return fake
+
+
+def test_ladder_tries_stage_0_at_the_headline_size_after_a_smaller_failure(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "measure", _fake_measure(("mini", "gpt2-124m")))
+    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+                                headline="gpt2-124m", progress=False)
+    status = {(r.shape, r.method): r.result.status for r in rungs}
+    assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == bench.OOM
+    claims = dict(infinity.checks(rungs, env.describe(), "gpt2-124m", None))
+    assert claims["gpt2-124m under stage 0 runs out of GPU memory (or was not tried after a smaller size failed)"]
+
+
+def test_ladder_stops_a_method_whose_next_rung_would_pass_the_time_budget(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
+    rungs = infinity.run_ladder(["tiny", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+                                budget_minutes=5, progress=False)
+    big = [r for r in rungs if r.shape == "gpt2-124m"]
+    assert [r.result.status for r in big] == ["not tried"] * 3
+    assert all("past the ladder's budget of 5 min" in r.result.message for r in big)
+    table = str(infinity.largest_table(rungs))
+    assert "tiny" in table and "gpt2-124m" not in table
+
+
+def test_nvme_check_fails_when_the_loss_rises(tmp_path):
+    rising = infinity.Rung("tiny", "ZeRO-3 + NVMe", bench.RunResult("x", bench.OK, losses=[10.9, 16.7]), 1)
+    assert not dict(infinity.checks([rising], env.describe(), None, None))["NVMe rows: the loss falls"]
+
+
+def test_the_budget_stops_only_the_climb_past_the_headline(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
+    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+                                headline="mini", budget_minutes=0, progress=False)
+    status = {(r.shape, r.method): r.result.status for r in rungs}
+    assert all(status[("mini", m)] == bench.OK for m, _ in infinity.METHODS)
+    assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in infinity.METHODS)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU record run of notebooks 05 and 06 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
+# Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start; bash tools/gpu_record_run.sh wait 500
+#   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
+set -u
+W=/tmp/kit_gpu
+export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+case "$1" in
+start)
+  mkdir -p $W
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; df -h /tmp | tail -1
+  python3 -c 'import torch, deepspeed; print("torch", torch.__version__, "deepspeed", deepspeed.__version__, "gpus", torch.cuda.device_count())'
+  # Build DeepSpeed's three JIT ops side by side, once, before the jobs share them.
+  t=$SECONDS
+  for op in FusedAdamBuilder CPUAdamBuilder AsyncIOBuilder; do
+    python3 -c "from deepspeed.ops.op_builder import $op as B; B().load()" > $W/build_$op.log 2>&1 &
+  done
+  wait; echo "ops built in $((SECONDS - t)) s"; grep -h -i "error" $W/build_*.log | head -5
+  # A: notebook 05 on both GPUs (1-GPU matrix, then the 2-GPU section). A2: the command line, 2 GPUs, 124M.
+  # B: notebook 06's ladder on GPU 1, up to GPT-2 XL.
+  KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
+    notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
+  KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.bench --matrix --world-size 2 --shape gpt2-124m \
+    --micro-batch 4 --seq-len 512 --grad-ckpt --steps 4 --only "stage 0,stage 1,stage 2,stage 3,stage 2 + CPU offload" \
+    > $W/jobcli.log 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
+    --check --out $W/tutorial notebooks/06_biggest_model_on_a_t4.ipynb > $W/job06.log 2>&1 < /dev/null &
+  sleep 2; echo "jobs started";;
+wait)
+  end=$((SECONDS + ${2:-500}))
+  while [ $SECONDS -lt $end ]; do
+    running=$(pgrep -f "run_tutorial.py|helpers.bench --matrix" | wc -l)
+    [ "$running" -eq 0 ] && break
+    sleep 20
+    echo "[$(date +%T)] runs done: 05 $(cat $W/runs05.jsonl 2>/dev/null | wc -l), cli $(cat $W/runscli.jsonl 2>/dev/null | wc -l), 06 $(cat $W/runs06.jsonl 2>/dev/null | wc -l)"
+  done
+  [ "$(pgrep -f 'run_tutorial.py|helpers.bench --matrix' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  python3 - $W <<'PY'
+import json, pathlib, sys
+w = pathlib.Path(sys.argv[1])
+for f in sorted(w.glob("runs*.jsonl")):
+    for line in f.read_text().splitlines():
+        r = json.loads(line)
+        gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"
+        print(f.stem, r["shape"], r["label"], r["status"], r["message"][:100], "gpu", gib(r["peak_gpu_allocated_bytes"]),
+              "rss", gib(r["peak_host_rss_bytes"]), "nvme", gib(r["peak_nvme_bytes"]), "s/step", r["median_step_s"],
+              "wall", round(r["wall_s"]), "loss", [round(x, 3) for x in r["losses"]],
+              "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]])
+PY
+  tail -3 $W/job05.log $W/job06.log; tail -25 $W/jobcli.log
+  if [ -n "${OUT:-}" ]; then
+    cp $W/*.jsonl $W/job*.log $OUT/ 2>/dev/null
+    (cd $W && tar czf $OUT/tutorial.tgz tutorial 2>/dev/null)
+  fi;;
+esac
