@@ -27,6 +27,10 @@ from helpers.tables import Table
 
 OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", "out of GPU memory", "killed for host RAM", "timeout", "error"
 FAKE_OOM_ENV = "KIT_BENCH_FAKE_OOM"  # test hook: the worker raises an out-of-memory error at step 0
+NOT_HERE, NOT_TRIED, REFUSED_DISK = "not here", "not tried", "refused: disk"
+#: Outcomes a table may show: a run that went, a limit it hit, or a reason it was not started.
+#: "error" and "timeout" are not among them: they mean something broke.
+EXPLAINED = (OK, OOM, KILLED_RAM, NOT_HERE, NOT_TRIED, REFUSED_DISK)
 LOG_ENV = "KIT_BENCH_LOG"  # a file: every finished run appends its result there as one JSON line
 
 
@@ -131,6 +135,9 @@ def held_bytes(engine) -> dict[str, int]:
     grad_bytes, _ = _unique_bytes(grads, exclude=param_keys)
     inner = getattr(opt, "optimizer", opt)
     masters = [p for group in getattr(inner, "param_groups", []) for p in group["params"]]
+    # ZeRO-3 hands the inner optimizer one sub-group at a time and empties its param_groups after
+    # the step: its fp32 master partitions live in fp32_partitioned_groups_flat.
+    masters += list(_tensors(getattr(opt, "fp32_partitioned_groups_flat", None)))
     states = list(_tensors(list(getattr(inner, "state", {}).values())))
     opt_bytes, _ = _unique_bytes(masters + states, exclude=param_keys)
     gpu = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None and t.is_cuda)
@@ -177,6 +184,11 @@ def _train_steps(spec: RunSpec, result: dict) -> None:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))
     kit_env.setup_single_process_dist()
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # One rank needs no rendezvous: an in-process store, so no port can be taken by another run.
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     import deepspeed
 
     config = dict(spec.ds_config)
@@ -278,8 +290,21 @@ def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
     return child
 
 
+def _port_clash(result: RunResult) -> bool:
+    return result.status == ERROR and any(s in result.message for s in ("DistNetworkError", "EADDRINUSE",
+                                                                         "address already in use"))
+
+
 def run(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
-    """Run ``spec`` in a fresh subprocess (``torchrun`` for world size > 1) and return its result."""
+    """Run ``spec`` in a fresh subprocess (``torchrun`` for world size > 1) and return its result.
+
+    A run whose rendezvous port was taken in the moment between probing and binding (another run
+    starting beside it) is started once more on a new port."""
+    result = _run_once(spec, log_path)
+    return _run_once(spec, log_path) if _port_clash(result) else result
+
+
+def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
     import psutil
 
     work = Path(tempfile.mkdtemp(prefix="kit_bench_"))
@@ -395,6 +420,11 @@ MATRIX: list[tuple[str, dict]] = [
 ]
 
 
+def explained(result: RunResult) -> bool:
+    """The run went, hit a limit (GPU memory, host RAM), or was not started for a stated reason."""
+    return result.status in EXPLAINED and (result.status == OK or bool(result.message))
+
+
 def tokens_per_step(spec: RunSpec) -> int:
     return spec.micro_batch * spec.seq_len * spec.world_size
 
@@ -496,7 +526,7 @@ def _main_matrix(args) -> int:
     else:
         print(matrix.table(rows, machine))
         print(matrix.ranks_table(rows))
-    return 0 if all(r.result.status in (OK, "not here") for r in rows) else 1
+    return 0 if all(explained(r.result) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -197,12 +197,19 @@ def install_command(package: str) -> str:
     return f'pip install "{spec}"'
 
 
-def free_port(start: int = 29500, tries: int = 200, host: str = "") -> int:
-    """The first port from ``start`` on that nothing listens on (probed by binding to it).
+def free_port(start: int | None = None, tries: int = 200, host: str = "") -> int:
+    """A port nothing listens on, probed by binding to it: one the OS picks (``start`` None), else
+    the first free one from ``start`` on.
 
-    The probe binds the wildcard address: torch's TCPStore listens on all addresses (IPv6 dual
-    stack), so a port free on 127.0.0.1 alone can still be taken for it.
+    The OS's pick is random among its ephemeral ports, so two processes that look for a port at the
+    same moment do not both take 29500 (seen on a GPU machine running notebooks side by side). The
+    probe binds the wildcard address: torch's TCPStore listens on all addresses (IPv6 dual stack), so
+    a port free on 127.0.0.1 alone can still be taken for it.
     """
+    if start is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
     for port in range(start, start + tries):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:

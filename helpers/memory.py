@@ -121,7 +121,7 @@ def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: i
     layer's input per layer plus one layer recomputed) and the loss's logits. DeepSpeed's buffers
     come from the config's bucket sizes. The optimizer step of stages 0-2 adds temporaries the
     paper leaves out (fp32 gradient copies: the step peaks at 24 bytes per parameter at stage 0 and
-    2 + 2 + 18/N at stages 1-2, measured on GPT-2 124M and 355M, GPU_RUNS.md); the GPU figure is
+    2 + (2 + 18)/N at stages 1-2, measured on GPT-2 124M and 355M with 1 and 2 GPUs, GPU_RUNS.md); the GPU figure is
     the larger of the backward and the step. Host RAM adds the process base and the fp32 model built
     before ``deepspeed.initialize`` (unless ``zero_init`` builds it partitioned).
     """
@@ -170,8 +170,9 @@ def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: i
         est.add(dev, "buffers", (int(zero.get("reduce_bucket_size", 5e8)) + int(zero.get("stage3_prefetch_bucket_size", 5e7))) * w)
     # the optimizer step's temporaries (stages 0-2 without offload), when they outgrow the backward
     if not host_opt and stage <= 2 and half:
-        step = 24 * p if stage == 0 else (2 * p + (2 * p if stage == 1 else 2 * p / n) + 18 * p / n
-                                          + est.parts.get(dev, {}).get("buffers", 0))
+        # Stage 1 as stage 2: DeepSpeed's stage 1 reduce-scatters the gradients before the step,
+        # so at the step it holds its partition only (2 GPUs: both measured at 4.03 GiB, 355M).
+        step = 24 * p if stage == 0 else (2 * p + 2 * p / n + 18 * p / n + est.parts.get(dev, {}).get("buffers", 0))
         est.add(dev, "step temporaries", max(0, step - est.total(dev)))
     # host: process base and the model as first built (fp32, whole) before DeepSpeed takes it
     est.add("cpu", "process", HOST_BASE_GPU if on_gpu else HOST_BASE_CPU)

@@ -55,6 +55,7 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
     assert [r["optimizer_bytes"] for r in two] == [one["optimizer_bytes"] // 2] * 2
     assert all(r["params_bytes"] == one["params_bytes"] for r in two)
     solo3 = runs[(3, 1)].ranks[0]
+    assert solo3["optimizer_bytes"] == one["optimizer_bytes"]  # ZeRO-3's fp32 masters count too: 12 B/param
     assert all(abs(r["params_bytes"] - solo3["params_bytes"] / 2) <= 0.02 * solo3["params_bytes"] for r in runs[(3, 2)].ranks)
 
 
@@ -125,3 +126,15 @@ def test_nvme_cleanup_removes_only_deepspeeds_swap_folder(tmp_path):
     (fresh / "zero_stage_3").mkdir(parents=True)
     bench._remove_swap_files(str(fresh), created=True)
     assert not fresh.exists()
+
+
+def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
+    machine = env.describe()
+    row = lambda label, status, msg: matrix.Row(label, dict(bench.MATRIX)[label], None,
+                                                bench.RunResult(label, status, msg, losses=[2.0, 1.0]), None)
+    claim = "every config ran, or hit a limit, or says why it did not run (no errors)"
+    fine = [row("stage 0", bench.OK, ""), row("stage 1", bench.OOM, "CUDA out of memory"),
+            row("stage 3 + NVMe offload", bench.NOT_HERE, "libaio missing")]
+    assert dict(matrix.checks(fine, machine))[claim]
+    broken = fine + [row("stage 2", bench.ERROR, "DistNetworkError: port 29500 taken")]
+    assert not dict(matrix.checks(broken, machine))[claim]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU record run of notebooks 05 and 06 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start; bash tools/gpu_record_run.sh wait 500
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06]; bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 set -u
 W=/tmp/kit_gpu
@@ -19,12 +19,13 @@ start)
   wait; echo "ops built in $((SECONDS - t)) s"; grep -h -i "error" $W/build_*.log | head -5
   # A: notebook 05 on both GPUs (1-GPU matrix, then the 2-GPU section). A2: the command line, 2 GPUs, 124M.
   # B: notebook 06's ladder on GPU 1, up to GPT-2 XL.
-  KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
+  jobs=" ${*:2} "; [ "$jobs" = "  " ] && jobs=" 05 cli 06 "
+  [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
-  KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.bench --matrix --world-size 2 --shape gpt2-124m \
+  [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.bench --matrix --world-size 2 --shape gpt2-124m \
     --micro-batch 4 --seq-len 512 --grad-ckpt --steps 4 --only "stage 0,stage 1,stage 2,stage 3,stage 2 + CPU offload" \
     > $W/jobcli.log 2>&1 < /dev/null &
-  CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
+  [[ $jobs == *" 06 "* ]] && CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
     --check --out $W/tutorial notebooks/06_biggest_model_on_a_t4.ipynb > $W/job06.log 2>&1 < /dev/null &
   sleep 2; echo "jobs started";;
 wait)
@@ -48,7 +49,8 @@ for f in sorted(w.glob("runs*.jsonl")):
               "wall", round(r["wall_s"]), "loss", [round(x, 3) for x in r["losses"]],
               "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]])
 PY
-  tail -3 $W/job05.log $W/job06.log; tail -25 $W/jobcli.log
+  for f in $W/job05.log $W/job06.log; do [ -f $f ] && grep -v WARNING $f | tail -n 3; done
+  [ -f $W/jobcli.log ] && tail -n 25 $W/jobcli.log
   if [ -n "${OUT:-}" ]; then
     cp $W/*.jsonl $W/job*.log $OUT/ 2>/dev/null
     (cd $W && tar czf $OUT/tutorial.tgz tutorial 2>/dev/null)
