@@ -154,6 +154,25 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def _oom_message(text: str, cap_bytes: int | None = None) -> str:
+    """CUDA's out-of-memory text names the real card's capacity (139 GiB on an H200 emulating a
+    T4); say instead what was asked for, what was held, and the limit this run had."""
+    import re
+
+    import torch
+
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]iB)", text)
+    msg = "CUDA out of memory" + (f": tried to allocate {asked.group(1)}" if asked else "")
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        held = torch.cuda.memory_allocated(device) / 2**30
+        emulated = kit_env.resolve_emulation()
+        limit = min(b for b in (cap_bytes, emulated and emulated.gpu_bytes,
+                                torch.cuda.get_device_properties(device).total_memory) if b)
+        msg += f" with {held:.2f} GiB in use, limit {limit / 2**30:.1f} GiB"
+    return msg
+
+
 def _worker(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out_dir = Path(spec.pop("out_dir"))
@@ -165,7 +184,8 @@ def _worker(spec_path: str) -> int:
     except BaseException as err:  # report every failure as JSON; the parent explains it
         result["status"] = OOM if _is_oom(err) else ERROR
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
-        result["message"] = f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500]
+        result["message"] = (_oom_message(str(err), spec.get("gpu_cap_bytes")) if result["status"] == OOM else
+                             f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])
     finally:
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     return 0 if result["status"] == OK else 3

@@ -31,7 +31,7 @@ def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
     monkeypatch.setenv(bench.FAKE_OOM_ENV, "1")
     monkeypatch.setenv(bench.LOG_ENV, str(tmp_path / "runs.jsonl"))
     r = bench.measure(spec())
-    assert r.status == bench.OOM and "out of memory" in r.message.lower() and r.losses == []
+    assert r.status == bench.OOM and r.message.startswith("CUDA out of memory: tried to allocate 2.00 GiB") and r.losses == []
     logged = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(x["shape"], x["status"]) for x in logged] == [("tiny", bench.OOM)]
 
