@@ -54,7 +54,7 @@ def test_fits_and_model_info_from_count():
     assert 6e9 < info.n_params < 8e9 and info.hidden % 64 == 0
 
 
-# Per rank with 2 GPUs, GPT-2 355M, same settings (GPU_RUNS.md, Run 7: notebook 05 on 2 H200s capped at 15 GiB).
+# Per rank with 2 GPUs, GPT-2 355M, same settings (GPU_RUNS.md, Run 6: notebook 05 on 2 H200s capped at 15 GiB).
 MEASURED_2GPU_GIB = {0: 8.00, 1: 4.04, 2: 4.04, 3: 4.24}
 
 
