@@ -25,7 +25,7 @@ from pathlib import Path
 from helpers import env as kit_env
 from helpers.tables import Table
 
-OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", "out of GPU memory", "killed for host RAM", "timeout", "error"
+OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", kit_env.OUT_OF_GPU_MEMORY, "killed for host RAM", "timeout", "error"
 FAKE_OOM_ENV = "KIT_BENCH_FAKE_OOM"  # test hook: the worker raises an out-of-memory error at step 0
 NOT_HERE, NOT_TRIED, REFUSED_DISK = "not here", "not tried", "refused: disk"
 #: Outcomes a table may show: a run that went, a limit it hit, or a reason it was not started.
@@ -148,12 +148,6 @@ def held_bytes(engine) -> dict[str, int]:
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
 
 
-def _is_oom(err: BaseException) -> bool:
-    import torch
-
-    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
 def _oom_message(text: str, cap_bytes: int | None = None) -> str:
     """CUDA's out-of-memory text names the real card's capacity (139 GiB on an H200 emulating a
     T4); say instead what was asked for, what was held, and the limit this run had."""
@@ -182,7 +176,7 @@ def _worker(spec_path: str) -> int:
         _train_steps(RunSpec(**spec), result)
         result["status"] = OK
     except BaseException as err:  # report every failure as JSON; the parent explains it
-        result["status"] = OOM if _is_oom(err) else ERROR
+        result["status"] = OOM if kit_env.is_out_of_memory(err) else ERROR
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
         result["message"] = (_oom_message(str(err), spec.get("gpu_cap_bytes")) if result["status"] == OOM else
                              f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])

@@ -24,6 +24,15 @@ from helpers.tables import Table
 GiB = 2**30
 GB = 10**9
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The status a run gets when the GPU runs out of memory (helpers.bench and helpers.train).
+OUT_OF_GPU_MEMORY = "out of GPU memory"
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's OutOfMemoryError, or an error whose text says so (DeepSpeed re-raises some as RuntimeError)."""
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
 @dataclass(frozen=True)
@@ -211,11 +220,7 @@ def free_port(start: int | None = None, tries: int = 200, host: str = "") -> int
             sock.bind((host, 0))
             return sock.getsockname()[1]
     for port in range(start, start + tries):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
+        if _port_free(port, host):
             return port
     raise KitSetupError(f"no free port in {start}..{start + tries - 1} on {host}: set MASTER_PORT to a free one")
 

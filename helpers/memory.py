@@ -239,14 +239,19 @@ def matrix_table(model: ModelInfo, environment, micro_batch: int, seq_len: int, 
                  title=f"Predicted for {model.name} at {micro_batch} x {seq_len} ({limit}{environment.ram_budget_bytes / GB:.1f} GB RAM)")
 
 
+def gpu_prediction_claim(label: str, predicted: int, measured: int | None, rtol: float = 0.15) -> tuple[str, bool]:
+    """(claim, held): the predicted GPU peak is within ``rtol`` of the measured one (no measurement: not held)."""
+    shown = "not measured" if measured is None else f"{measured / GiB:.2f} GiB"
+    return (f"{label}: predicted GPU memory within {rtol:.0%} of measured ({predicted / GiB:.2f} GiB vs {shown})",
+            measured is not None and abs(predicted - measured) <= rtol * measured)
+
+
 def compare(model: ModelInfo, config: dict, result, environment, micro_batch: int, seq_len: int,
             gpu_rtol: float = 0.15) -> list[tuple[str, bool]]:
     """Claims about a measured run against its prediction: it ran; on a GPU, within ``gpu_rtol``."""
     est = estimate(model, config, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
     out = [(f"the measured run finished ({result.status}{': ' + result.message if result.message else ''})",
             result.status == "ok")]
-    if environment.has_gpu and result.peak_gpu_allocated_bytes:
-        measured, predicted = result.peak_gpu_allocated_bytes, est.total("gpu")
-        out.append((f"predicted GPU {predicted / GiB:.2f} GiB within {gpu_rtol:.0%} of measured {measured / GiB:.2f} GiB",
-                    abs(predicted - measured) <= gpu_rtol * measured))
+    if environment.has_gpu:
+        out.append(gpu_prediction_claim(result.label, est.total("gpu"), result.peak_gpu_allocated_bytes, gpu_rtol))
     return out

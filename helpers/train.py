@@ -15,6 +15,8 @@ from helpers.tables import Table
 
 GiB = 2**30
 OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
+#: Largest logit difference allowed between the trained model and its reload from disk.
+RELOAD_TOL = 1e-3
 
 
 def _trainer_callback_base():
@@ -62,9 +64,6 @@ class MetricsCallback(_trainer_callback_base()):
         if "loss" in logs and self.records and self.records[-1]["step"] == state.global_step:
             self.records[-1]["loss"] = float(logs["loss"])
             self.records[-1]["lr"] = float(logs.get("learning_rate", 0.0))
-
-    def losses(self) -> list[float]:
-        return [r["loss"] for r in self.records if "loss" in r]
 
 
 @dataclass
@@ -143,13 +142,13 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
     try:
         trainer.train(resume_from_checkpoint=resume_from)
     except Exception as err:
-        oom = isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
+        oom = kit_env.is_out_of_memory(err)
         free_memory(trainer)
         if not oom:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             return TrainRun("error", f"{type(err).__name__}: {first[:300]}", callback.records, None,
                             time.perf_counter() - start, micro_batch)
-        return TrainRun("out of GPU memory", f"out of GPU memory at micro batch {micro_batch}: {OOM_ADVICE}",
+        return TrainRun(kit_env.OUT_OF_GPU_MEMORY, f"out of GPU memory at micro batch {micro_batch}: {OOM_ADVICE}",
                         callback.records, None, time.perf_counter() - start, micro_batch)
     return TrainRun("ok", "", callback.records, trainer, time.perf_counter() - start, micro_batch)
 
@@ -207,10 +206,10 @@ def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: Tra
         ("training ran", run.status == "ok"),
         (f"the loss fell: mean of the last 5 ({last5:.3f}) <= 0.7 x the first ({first:.3f})", loss_fell(losses)),
         ("every loss is finite", bool(losses) and all(math.isfinite(l) for l in losses)),
-        ("the reloaded model gives the same logits", logit_diff <= 1e-3),
+        ("the reloaded model gives the same logits", logit_diff <= RELOAD_TOL),
         ("resume continued at the next step", resume[0]),
         ("resume reproduced the losses", resume[1]),
-        ("out of GPU memory was reported with advice", oom.status == "out of GPU memory" and "notebook 05" in oom.message),
+        ("out of GPU memory was reported with advice", oom.status == kit_env.OUT_OF_GPU_MEMORY and "notebook 05" in oom.message),
         ("peak GPU memory within a T4's 15 GiB", not environment.has_gpu or peak_gpu <= kit_env.EMULATIONS["t4"].gpu_bytes),
     ]
 

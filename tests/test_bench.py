@@ -138,3 +138,14 @@ def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
     assert dict(matrix.checks(fine, machine))[claim]
     broken = fine + [row("stage 2", bench.ERROR, "DistNetworkError: port 29500 taken")]
     assert not dict(matrix.checks(broken, machine))[claim]
+
+
+def test_matrix_plots_include_step_times_and_losses():
+    import matplotlib
+    matplotlib.use("Agg")
+    rows = _rows(1, True)
+    for r in rows:
+        r.result.median_step_s = 0.5
+    figures = matrix.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
+    titles = [f.axes[0].get_title() for f in figures]
+    assert len(figures) == 3 and titles[1].startswith("Seconds per step") and "loss" in titles[2]

@@ -64,3 +64,9 @@ def test_two_gpu_prediction_within_15_percent_of_the_recorded_measurements(stage
     c = config.build(stage=stage, world_size=2, micro_batch=4, trainer=False, precision="fp16", pin_memory=False)
     predicted = memory.estimate(info, c, world_size=2, micro_batch=4, seq_len=512, grad_ckpt=True).total("gpu") / 2**30
     assert predicted == pytest.approx(MEASURED_2GPU_GIB[stage], rel=0.15)
+
+
+def test_gpu_prediction_claim_holds_within_tolerance_and_not_without_a_measurement():
+    assert memory.gpu_prediction_claim("x", 110, 100)[1] and not memory.gpu_prediction_claim("x", 120, 100)[1]
+    claim, held = memory.gpu_prediction_claim("stage 2", 7 * 2**30, None)
+    assert not held and "not measured" in claim
