@@ -14,18 +14,27 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, config, env, memory  # noqa: E402
+from helpers import bench, cli, config, env, memory  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shapes", nargs="+", default=["gpt2-124m", "gpt2-355m"])
-    parser.add_argument("--rows", nargs="*", help="matrix labels to run (default: all)")
-    parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--out", default="calibration.jsonl")
+    from helpers.models import GPT2_SHAPES
+
+    parser = cli.OneLineParser(description=__doc__, name="calibrate_memory",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["gpt2-124m", "gpt2-355m"],
+                        type=cli.one_of(GPT2_SHAPES, "kit shapes"),
+                        help=f"model shapes to measure, of {', '.join(GPT2_SHAPES)}")
+    parser.add_argument("--rows", nargs="*", type=cli.one_of([label for label, _ in bench.MATRIX], "matrix rows"),
+                        help="matrix labels to run (default: all)")
+    parser.add_argument("--micro-batch", type=cli.positive_int, default=4)
+    parser.add_argument("--seq-len", type=cli.whole_number(8), default=512)
+    parser.add_argument("--steps", type=cli.positive_int, default=4)
+    parser.add_argument("--out", default="calibration.jsonl", help="a JSON-lines file the rows are appended to")
     args = parser.parse_args(argv)
+    if Path(args.out).is_dir() or not Path(args.out).resolve().parent.is_dir():
+        why = "is a folder" if Path(args.out).is_dir() else "its folder does not exist"
+        cli.refuse(parser, "--out", args.out, f"{why}: give a file in an existing folder")
     machine = env.describe()
     out = open(args.out, "a")
     for shape in args.shapes:
