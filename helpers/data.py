@@ -4,7 +4,9 @@ fixed-length blocks for causal LM training, and the Hub path (wikitext-2) with a
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 _NAMES = ["Ada", "Grace", "Alan", "Linus", "Barbara", "Dennis", "Margaret", "Ken", "Frances", "John"]
 _VERBS = ["moves", "paints", "counts", "sorts", "loads", "checks", "packs", "stacks"]
@@ -27,6 +29,15 @@ def offline_corpus(n_chars: int = 200_000, seed: int = 0) -> str:
         parts.append(line)
         size += len(line)
     return "".join(parts)[:n_chars]
+
+
+def write_offline_text(path: str | os.PathLike, n_chars: int = 200_000, seed: int = 0) -> Path:
+    """Write the offline corpus to a text file (one sentence a line), for code that reads text files
+    as a user's would: ``datasets.load_dataset("text", data_files=path)``. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(offline_corpus(n_chars, seed=seed))
+    return path
 
 
 def chunk(ids: list[int], block_size: int) -> list[list[int]]:

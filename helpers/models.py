@@ -117,6 +117,41 @@ def load_pretrained(name_or_path: str, fallback_shape: str = "tiny", seed: int =
         return LoadedModel(model, tokenizer, f"offline:{fallback_shape}", note)
 
 
+def offline_tokenizer(vocab_size: int = 1024, seed: int = 0):
+    """A real Hugging Face tokenizer made here, with no download: byte-level BPE trained on the
+    offline corpus (helpers.data), with ``<|endoftext|>`` as its end, padding and start token. It
+    saves and loads like any Hub tokenizer (``save_pretrained`` / ``AutoTokenizer.from_pretrained``)."""
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from helpers import data
+
+    end = "<|endoftext|>"
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[end], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = data.offline_corpus(200_000, seed=seed)
+    tok.train_from_iterator(text.splitlines(), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=end, eos_token=end, pad_token=end,
+                                   unk_token=end, model_max_length=1024)
+
+
+def save_offline_model(folder: str | os.PathLike, shape: str = "tiny", seed: int = 0) -> Path:
+    """Write a model folder that ``from_pretrained`` loads offline, as it would a Hub checkpoint:
+    a freshly initialised model of a kit ``shape`` (config.json + safetensors weights) and the
+    :func:`offline_tokenizer`. Notebooks point ``MODEL_NAME`` at it when the Hub cannot be reached;
+    tests use it to exercise the Hub path without a network. Returns the folder."""
+    folder = Path(folder)
+    tokenizer = offline_tokenizer(seed=seed)
+    model = build_model(gpt2_config(shape, vocab_size=len(tokenizer)), seed=seed)
+    model.config.bos_token_id = model.config.eos_token_id = model.config.pad_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """True when the Hugging Face Hub answers (and HF_HUB_OFFLINE is not set)."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
