@@ -1,15 +1,9 @@
-"""DeepSpeed configs: build from plain choices, check with DeepSpeed's own classes plus what they
-miss, explain in words, save and load.
-
-DeepSpeed's pydantic models reject unknown keys inside ``zero_optimization`` but let top-level
-typos (``"fp_16"``) pass silently, never check that batch sizes agree, and know nothing about the
-hardware. :func:`check` covers those, with the key path, a message a newcomer understands, and the
-fix.
+"""DeepSpeed configs: build from plain choices, explain in words, save and load, presets. Checking
+lives in helpers.config_check (``check``, ``Problem`` and ``ConfigError`` are used from here too).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -17,33 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import env as kit_env
+from helpers.config_check import (OFFLOAD_DEVICES, PIN_MEMORY_MIN_RAM, PRECISIONS,  # noqa: F401 (re-exported)
+                                  ConfigError, Problem, check)
 from helpers.tables import Table
 
 CONFIG_DIR = kit_env.REPO_ROOT / "configs"
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-PRECISIONS = ("auto", "fp16", "bf16", "fp32")
-#: pin_memory speeds offload transfers but locks host RAM: only with this much RAM or more.
-PIN_MEMORY_MIN_RAM = 24 * kit_env.GB
-
-
-class ConfigError(ValueError):
-    """A config with errors; the message lists each with its fix."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"{type(self).__name__}: {self}"]
-
-
-@dataclass
-class Problem:
-    """One thing wrong (error) or risky (warning) in a config."""
-
-    level: str
-    path: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.level} at {self.path}: {self.message} Fix: {self.fix}"
 
 
 def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = "none", precision: str = "auto",
@@ -133,196 +105,9 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
             zero["offload_param"].update(nvme_path=path, buffer_count=5, buffer_size=size, max_in_cpu=0)
     if "nvme" in (offload_optimizer, offload_param):
         config["aio"] = {"block_size": 1_048_576, "queue_depth": 16, "single_submit": False,
-                         "overlap_events": True, "thread_count": 2}
+                         "overlap_events": True, "intra_op_parallelism": 2}  # "thread_count" before DeepSpeed 0.15
     config["zero_optimization"] = zero
     return config
-
-
-# ---- known keys, from DeepSpeed's own config classes ----------------------------------------------------
-
-
-def _fields(model) -> set[str]:
-    keys = set()
-    for name, info in model.model_fields.items():
-        keys.add(name)
-        if info.alias:
-            keys.add(info.alias)
-    return keys
-
-
-def known_keys() -> dict[str, set[str]]:
-    """Allowed keys per section, read from DeepSpeed's pydantic models and constants."""
-    import deepspeed.runtime.constants as constants
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
-                                                       DeepSpeedZeroOffloadParamConfig)
-
-    top = {v for k, v in vars(constants).items() if k.isupper() and isinstance(v, str) and re.fullmatch(r"[a-z0-9_]+", v)}
-    top |= {"zero_optimization", "fp16", "bf16", "aio", "activation_checkpointing", "flops_profiler", "tensorboard",
-            "wandb", "csv_monitor", "comms_logger", "compression_training", "data_efficiency", "checkpoint",
-            "autotuning", "elasticity", "nebula", "amp", "torch_autocast", "monitor_config", "pipeline"}
-    return {
-        "": top,
-        "zero_optimization": _fields(DeepSpeedZeroConfig),
-        "zero_optimization.offload_optimizer": _fields(DeepSpeedZeroOffloadOptimizerConfig),
-        "zero_optimization.offload_param": _fields(DeepSpeedZeroOffloadParamConfig),
-        "fp16": _fields(DeepSpeedFP16Config),
-        "bf16": _fields(DeepSpeedBF16Config),
-        "aio": {"block_size", "queue_depth", "thread_count", "intra_op_parallelism", "single_submit",
-                "overlap_events", "use_gds"},
-        "optimizer": {"type", "params"},
-        "scheduler": {"type", "params"},
-    }
-
-
-def _unknown_keys(config: dict, known: dict[str, set[str]]) -> list[Problem]:
-    out = []
-
-    def visit(section: dict, prefix: str) -> None:
-        allowed = known.get(prefix)
-        if allowed is None:
-            return
-        for key, value in section.items():
-            path = f"{prefix}.{key}" if prefix else key
-            if key not in allowed:
-                guess = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
-                hint = f"did you mean '{guess[0]}'?" if guess else "see DeepSpeed's config docs for the allowed keys"
-                where = "DeepSpeed ignores unknown top-level keys silently" if not prefix else "DeepSpeed rejects it"
-                out.append(Problem("error", path, f"unknown key '{key}' ({where}).",
-                                   f"{hint} Rename or remove '{path}'."))
-            elif isinstance(value, dict):
-                visit(value, path)
-
-    visit(config, "")
-    return out
-
-
-def _autos(value, path: str = "") -> list[str]:
-    if value == "auto":
-        return [path]
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _autos(v, f"{path}.{k}" if path else k)]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _autos(v, f"{path}[{i}]")]
-    return []
-
-
-def _enabled(section) -> bool:
-    """True when a precision section is switched on for sure ("auto" is the Trainer's to decide)."""
-    return isinstance(section, dict) and section.get("enabled") is True
-
-
-def check(config: dict, hardware: kit_env.Environment | None = None, model=None, for_trainer: bool = True,
-          world_size: int = 1) -> list[Problem]:
-    """Every problem in ``config``: DeepSpeed's own validation plus what it misses.
-
-    ``hardware`` (an Environment) enables the hardware checks (bf16 capability, RAM for pinned
-    memory); ``model`` (a ModelInfo from helpers.memory, or None) enables the NVMe buffer check.
-    """
-    from pydantic import ValidationError
-
-    problems = _unknown_keys(config, known_keys())
-    zero = config.get("zero_optimization", {}) or {}
-    if isinstance(zero, dict):
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-
-        clean = {k: v for k, v in zero.items() if not any(p.path == f"zero_optimization.{k}" for p in problems)}
-        try:
-            DeepSpeedZeroConfig(**clean)
-        except ValidationError as err:
-            for e in err.errors():
-                path = "zero_optimization." + ".".join(str(x) for x in e["loc"])
-                problems.append(Problem("error", path, f"DeepSpeed rejects this value: {e['msg']}.",
-                                        "Use a value of the documented type."))
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    autos = _autos(config)
-    if autos and not for_trainer:
-        problems.append(Problem("error", autos[0], f"'auto' in {len(autos)} place(s) ({', '.join(autos[:4])}): only "
-                                "the Hugging Face Trainer fills 'auto' in.",
-                                "Use numbers for deepspeed.initialize (helpers.config.build(trainer=False)), "
-                                "or pass the config to TrainingArguments(deepspeed=...)."))
-    sizes = [config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")]
-    if all(isinstance(s, int) for s in sizes):
-        total, micro, accum = sizes
-        if total != micro * accum * world_size:
-            problems.append(Problem("error", "train_batch_size",
-                                    f"train_batch_size is {total}, but micro batch {micro} x accumulation {accum} x "
-                                    f"{world_size} GPU(s) = {micro * accum * world_size}.",
-                                    f"Set train_batch_size to {micro * accum * world_size}, or drop it and let "
-                                    "DeepSpeed derive it."))
-    for key in ("offload_param",):
-        device = (zero.get(key) or {}).get("device", "none") if isinstance(zero, dict) else "none"
-        if device != "none" and stage != 3:
-            problems.append(Problem("error", f"zero_optimization.{key}.device",
-                                    f"parameter offload needs ZeRO stage 3 (this config is stage {stage}): "
-                                    "DeepSpeed ignores it below 3.",
-                                    'Set "stage": 3, or offload only the optimizer ("offload_optimizer").'))
-    for key in ("offload_optimizer", "offload_param"):
-        section = (zero.get(key) or {}) if isinstance(zero, dict) else {}
-        if section.get("device") == "nvme":
-            path = section.get("nvme_path")
-            if not path:
-                problems.append(Problem("error", f"zero_optimization.{key}.nvme_path", "NVMe offload has no nvme_path.",
-                                        "Set nvme_path to a folder on a fast local disk (e.g. /content/offload on Colab)."))
-            elif not _writable(path):
-                problems.append(Problem("error", f"zero_optimization.{key}.nvme_path",
-                                        f"nvme_path {path!r} cannot be created or written.",
-                                        "Point it at a writable folder on a local disk."))
-            if hardware is not None and not _libaio():
-                problems.append(Problem("error", f"zero_optimization.{key}.device",
-                                        "NVMe offload needs DeepSpeed's async_io op, and libaio is missing here.",
-                                        "apt-get install -y libaio-dev (notebook 02 explains), or offload to cpu."))
-    if _enabled(config.get("fp16")) and _enabled(config.get("bf16")):
-        problems.append(Problem("error", "bf16.enabled", "fp16 and bf16 are both enabled.",
-                                "Enable one: bf16 on capability >= 8.0, fp16 on older GPUs such as the T4."))
-    if hardware is not None:
-        bf16 = config.get("bf16", {})
-        if _enabled(bf16) and not kit_env.native_bf16(hardware.capability):
-            where = f"capability {hardware.capability[0]}.{hardware.capability[1]}" if hardware.capability else "the CPU"
-            problems.append(Problem("error", "bf16.enabled", f"bf16 on {where}: no native bf16 (it needs 8.0, an Ampere "
-                                    "GPU or newer); a T4 would emulate it slowly or fail.",
-                                    'Use "fp16": {"enabled": true} and remove bf16 (build(precision="fp16")).'))
-        pinned = [k for k in ("offload_optimizer", "offload_param") if (zero.get(k) or {}).get("pin_memory")]
-        if pinned and hardware.ram_budget_bytes < PIN_MEMORY_MIN_RAM:
-            problems.append(Problem("warning", f"zero_optimization.{pinned[0]}.pin_memory",
-                                    f"pinned (page-locked) host memory with only {hardware.ram_budget_bytes / kit_env.GB:.1f} GB "
-                                    "of RAM: pinned pages cannot be swapped, and Colab kills the kernel when RAM runs out.",
-                                    'Set "pin_memory": false (slower transfers, safer).'))
-    if model is not None:
-        param = zero.get("offload_param") or {}
-        if param.get("device") == "nvme":
-            size = int(param.get("buffer_size", 100_000_000))
-            if size < model.largest_param_numel:
-                problems.append(Problem("error", "zero_optimization.offload_param.buffer_size",
-                                        f"buffer_size {size:,} is smaller than the model's largest parameter "
-                                        f"({model.largest_param_numel:,} elements): DeepSpeed fails with "
-                                        "'Not enough buffers 0 for swapping 1'.",
-                                        f"Set buffer_size to at least {int(1.05 * model.largest_param_numel):,} "
-                                        "(build(largest_param_numel=...) does it)."))
-    return problems
-
-
-def _writable(path: str) -> bool:
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        probe = Path(path) / ".kit_write_probe"
-        probe.write_text("ok")
-        probe.unlink()
-        return True
-    except OSError:
-        return False
-
-
-def _libaio() -> bool:
-    from helpers import doctor
-
-    return doctor.libaio_available()
-
-
-def problems_table(problems: list[Problem]) -> Table:
-    rows = [(p.level, p.path, p.message, p.fix) for p in problems] or [("ok", "-", "no problems found", "-")]
-    return Table(["level", "key", "problem", "fix"], rows, title="Config check")
 
 
 _EXPLAIN = {
