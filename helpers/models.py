@@ -1,5 +1,11 @@
-"""Models: GPT-2-shaped models built offline from a config, parameter counts on the meta device,
-a byte-level tokenizer that needs no vocabulary files, and the Hub path with a clear fallback.
+"""Models: GPT-2-shaped and Llama/Qwen-shaped models built offline from a config (no download),
+parameter counts on the meta device, a byte-level tokenizer that needs no vocabulary files, and the
+Hub path with a clear fallback.
+
+:data:`MODEL_SHAPES` names every shape the kit builds; :func:`model_config` turns a name into a
+transformers config. The ``*-shaped`` Llama/Qwen entries carry the numbers of the real checkpoints'
+``config.json`` (RMSNorm, SwiGLU, grouped-query attention, rotary positions), so their parameter
+counts and largest tensors match the checkpoints a user would fine-tune, with fresh random weights.
 """
 
 from __future__ import annotations
@@ -19,6 +25,120 @@ GPT2_SHAPES: dict[str, tuple[int, int, int]] = {
     "gpt2-2.7b": (32, 2560, 32),
 }
 GPT2_VOCAB = 50257
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """A Llama-family shape: the architecture numbers of a checkpoint's ``config.json``."""
+
+    layers: int
+    hidden: int
+    intermediate: int  # the SwiGLU width (gate_proj / up_proj outputs)
+    heads: int
+    kv_heads: int  # fewer than ``heads``: grouped-query attention
+    vocab: int
+    tied: bool  # input embedding and output head share one matrix
+    rope_theta: float = 10000.0
+    max_positions: int = 2048
+    family: str = "llama"  # "llama" (LlamaConfig) or "qwen2" (Qwen2Config: bias on q, k, v)
+    checkpoint: str = ""  # the Hub checkpoint whose numbers these are ("" for the kit's small test shapes)
+    rms_norm_eps: float = 1e-5
+    bos: int = 1
+    eos: int = 2
+    rope_scaling: dict | None = None
+
+
+#: Llama/Qwen-style shapes. "llama-tiny" and "llama-mini" are the kit's own (smoke mode and CPU
+#: tests; a 1024-token vocabulary, the size of :func:`offline_tokenizer`, which also holds the
+#: byte-level tokenizer's 257); the ``-shaped`` ones copy their checkpoint's config.json.
+LLAMA_SHAPES: dict[str, LlamaShape] = {
+    "llama-tiny": LlamaShape(2, 64, 172, 4, 2, 1024, tied=True),
+    "llama-mini": LlamaShape(4, 256, 688, 8, 4, 1024, tied=True),
+    "smollm2-135m-shaped": LlamaShape(30, 576, 1536, 9, 3, 49152, tied=True, rope_theta=100000.0,
+                                      max_positions=8192, checkpoint="HuggingFaceTB/SmolLM2-135M", bos=0, eos=0),
+    "smollm2-360m-shaped": LlamaShape(32, 960, 2560, 15, 5, 49152, tied=True, rope_theta=100000.0,
+                                      max_positions=8192, checkpoint="HuggingFaceTB/SmolLM2-360M", bos=0, eos=0),
+    "qwen2.5-0.5b-shaped": LlamaShape(24, 896, 4864, 14, 2, 151936, tied=True, rope_theta=1000000.0,
+                                      max_positions=32768, family="qwen2", checkpoint="Qwen/Qwen2.5-0.5B",
+                                      rms_norm_eps=1e-6, bos=151643, eos=151643),
+    "llama-3.2-1b-shaped": LlamaShape(16, 2048, 8192, 32, 8, 128256, tied=True, rope_theta=500000.0,
+                                      max_positions=131072, checkpoint="meta-llama/Llama-3.2-1B",
+                                      bos=128000, eos=128001,
+                                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "tinyllama-1.1b-shaped": LlamaShape(22, 2048, 5632, 32, 4, 32000, tied=False,
+                                        checkpoint="TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"),
+}
+
+
+def _describe_gpt2(name: str) -> str:
+    layers, width, heads = GPT2_SHAPES[name]
+    use = " (smoke mode)" if name == "tiny" else " (CPU tests)" if name == "mini" else ""
+    return f"GPT-2 family: {layers} layers x {width}, {heads} heads, vocab {GPT2_VOCAB}{use}"
+
+
+def _describe_llama(name: str) -> str:
+    s = LLAMA_SHAPES[name]
+    family = "Qwen2 family" if s.family == "qwen2" else "Llama family"
+    like = f", shaped like {s.checkpoint}" if s.checkpoint else (" (smoke mode)" if name == "llama-tiny" else " (CPU tests)")
+    return (f"{family}: {s.layers} layers x {s.hidden}, {s.heads} heads / {s.kv_heads} KV heads, SwiGLU "
+            f"{s.intermediate}, vocab {s.vocab}{', tied' if s.tied else ', untied'}{like}")
+
+
+#: Every shape the kit builds offline: name -> a short description naming its family. GPT-2 first.
+MODEL_SHAPES: dict[str, str] = {
+    **{name: _describe_gpt2(name) for name in GPT2_SHAPES},
+    **{name: _describe_llama(name) for name in LLAMA_SHAPES},
+}
+
+
+def shape_family(shape: str) -> str:
+    """"gpt2", "llama" or "qwen2" for a shape of :data:`MODEL_SHAPES` (ValueError for another)."""
+    if shape in GPT2_SHAPES:
+        return "gpt2"
+    if shape in LLAMA_SHAPES:
+        return LLAMA_SHAPES[shape].family
+    raise ValueError(f"unknown model shape {shape!r}: choose one of {', '.join(MODEL_SHAPES)}")
+
+
+def llama_config(shape: str = "llama-tiny", vocab_size: int | None = None, max_positions: int = 1024):
+    """A LlamaConfig (Qwen2Config for a Qwen shape) of a named shape of :data:`LLAMA_SHAPES`.
+
+    Dropout off and no KV cache, as :func:`gpt2_config`. ``vocab_size`` replaces the checkpoint's
+    vocabulary (the offline tokenizers are small); start/end token ids outside it become its last id.
+    The context is the checkpoint's own, or ``max_positions`` when that is longer (rotary positions
+    add no parameters)."""
+    if shape not in LLAMA_SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}: choose one of {', '.join(LLAMA_SHAPES)}")
+    s = LLAMA_SHAPES[shape]
+    vocab = vocab_size or s.vocab
+    bos, eos = (i if i < vocab else vocab - 1 for i in (s.bos, s.eos))
+    common = dict(
+        vocab_size=vocab, hidden_size=s.hidden, intermediate_size=s.intermediate, num_hidden_layers=s.layers,
+        num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, hidden_act="silu",
+        max_position_embeddings=max(s.max_positions, max_positions), rms_norm_eps=s.rms_norm_eps,
+        tie_word_embeddings=s.tied, rope_theta=s.rope_theta, attention_dropout=0.0, use_cache=False,
+        bos_token_id=bos, eos_token_id=eos,
+    )
+    if s.rope_scaling:
+        common["rope_scaling"] = dict(s.rope_scaling)
+    if s.family == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common, use_sliding_window=False, max_window_layers=s.layers)
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+
+
+def model_config(shape: str = "tiny", vocab_size: int | None = None, max_positions: int = 1024):
+    """The transformers config of any shape of :data:`MODEL_SHAPES`: a GPT2Config (``max_positions``
+    learned positions) or a LlamaConfig / Qwen2Config (rotary). ``vocab_size`` None keeps the shape's
+    own vocabulary. An unknown name raises ValueError listing the valid ones."""
+    family = shape_family(shape)
+    if family == "gpt2":
+        return gpt2_config(shape, vocab_size, n_positions=max_positions)
+    return llama_config(shape, vocab_size, max_positions=max_positions)
 
 
 class ByteTokenizer:
@@ -55,16 +175,6 @@ def gpt2_config(shape: str = "tiny", vocab_size: int | None = None, n_positions:
         vocab_size=vocab_size or GPT2_VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         use_cache=False, bos_token_id=(vocab_size or GPT2_VOCAB) - 1, eos_token_id=(vocab_size or GPT2_VOCAB) - 1,
     )
-
-
-def count_params(config) -> int:
-    """Parameters of a model built from ``config``, counted on the meta device (no memory, no download)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 def largest_param_numel(config) -> int:
@@ -111,9 +221,10 @@ def load_pretrained(name_or_path: str, fallback_shape: str = "tiny", seed: int =
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         tokenizer = ByteTokenizer()
-        model = build_model(gpt2_config(fallback_shape, vocab_size=tokenizer.vocab_size), seed=seed)
+        model = build_model(model_config(fallback_shape, vocab_size=tokenizer.vocab_size), seed=seed)
+        family = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2"}[shape_family(fallback_shape)]
         note = (f"could not load {name_or_path!r} ({first[:160]}); using the offline {fallback_shape} "
-                "GPT-2-shaped model with the byte-level tokenizer instead")
+                f"{family}-shaped model with the byte-level tokenizer instead")
         return LoadedModel(model, tokenizer, f"offline:{fallback_shape}", note)
 
 
@@ -140,12 +251,13 @@ def offline_tokenizer(vocab_size: int = 1024, seed: int = 0):
 
 def save_offline_model(folder: str | os.PathLike, shape: str = "tiny", seed: int = 0) -> Path:
     """Write a model folder that ``from_pretrained`` loads offline, as it would a Hub checkpoint:
-    a freshly initialised model of a kit ``shape`` (config.json + safetensors weights) and the
+    a freshly initialised model of any kit ``shape`` of :data:`MODEL_SHAPES`, GPT-2 or Llama/Qwen-style
+    (config.json + safetensors weights, the vocabulary resized to the tokenizer's) and the
     :func:`offline_tokenizer`. Notebooks point ``MODEL_NAME`` at it when the Hub cannot be reached;
     tests use it to exercise the Hub path without a network. Returns the folder."""
     folder = Path(folder)
     tokenizer = offline_tokenizer(seed=seed)
-    model = build_model(gpt2_config(shape, vocab_size=len(tokenizer)), seed=seed)
+    model = build_model(model_config(shape, vocab_size=len(tokenizer)), seed=seed)
     model.config.bos_token_id = model.config.eos_token_id = model.config.pad_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
