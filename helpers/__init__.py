@@ -2,6 +2,30 @@
 
 Modules are imported lazily by the notebooks (``from helpers import env``) so that importing the
 package never pulls in torch or DeepSpeed by itself.
+
+The layers, bottom first. A module imports only from layers below its own (tests/test_layers.py
+enforces it, lazy imports inside functions included), so there are no import cycles:
+
+0. units, tables, cli, colab, deepspeed_fixes, data: formatting, command lines, installs, text
+1. claims, plots, models: the shared check rules, figures, model shapes and offline checkpoints
+2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
+3. dist, memory: one-process distributed setup; the memory estimator (pure arithmetic)
+4. config_check: every value DeepSpeed would reject, found before an engine starts
+5. config: build, explain, save and load DeepSpeed configs
+6. bench, doctor: one run in a subprocess (the runner); ds_report explained
+7. matrix, infinity, train, machine_check: notebook-level logic (05, 06, 04, 01)
+8. widgets, zero_picture, three_ways: notebook 03's form, the ZeRO picture, notebook 07's paths
 """
 
-__all__ = ["colab", "env", "memory", "tables"]
+#: The layers above, as data (bottom first): what tests/test_layers.py checks.
+LAYERS: list[list[str]] = [
+    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data"],
+    ["claims", "plots", "models"],
+    ["env", "libaio"],
+    ["dist", "memory"],
+    ["config_check"],
+    ["config"],
+    ["bench", "doctor"],
+    ["matrix", "infinity", "train", "machine_check"],
+    ["widgets", "zero_picture", "three_ways"],
+]

@@ -5,7 +5,7 @@ half-initialised process group. The parent watches the whole process tree's host
 kill it past a RAM budget, as Colab's out-of-memory killer would), and the disk used by NVMe files.
 
     python -m helpers.bench --shape gpt2-124m --stage 2 --offload-optimizer cpu --steps 5
-    python -m helpers.bench --matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512
+    python -m helpers.matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from helpers import dist, units
 from helpers import env as kit_env
 from helpers.tables import Table
 
@@ -157,13 +158,15 @@ def _oom_message(text: str, cap_bytes: int | None = None) -> str:
 
     asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]iB)", text)
     msg = "CUDA out of memory" + (f": tried to allocate {asked.group(1)}" if asked else "")
+    if "(simulated" in text:
+        msg += " (simulated on CPU)" if "on CPU" in text else " (simulated)"
     if torch.cuda.is_available():
         device = torch.cuda.current_device()
-        held = torch.cuda.memory_allocated(device) / 2**30
+        held = torch.cuda.memory_allocated(device) / units.GiB
         emulated = kit_env.resolve_emulation()
         limit = min(b for b in (cap_bytes, emulated and emulated.gpu_bytes,
                                 torch.cuda.get_device_properties(device).total_memory) if b)
-        msg += f" with {held:.2f} GiB in use, limit {limit / 2**30:.1f} GiB"
+        msg += f" with {held:.2f} GiB in use, limit {limit / units.GiB:.1f} GiB"
     return msg
 
 
@@ -197,16 +200,19 @@ def _train_steps(spec: RunSpec, result: dict) -> None:
         if spec.gpu_cap_bytes:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))
-    kit_env.setup_single_process_dist()
+    dist.setup_single_process_dist()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         # One rank needs no rendezvous: an in-process store, so no port can be taken by another run.
-        import torch.distributed as dist
+        import torch.distributed as torch_dist
 
-        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+        torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
     import deepspeed
 
+    from helpers import deepspeed_fixes
+
+    deepspeed_fixes.apply_all()
     config = dict(spec.ds_config)
-    model_config = models.gpt2_config(spec.shape, spec.vocab_size, n_positions=max(1024, spec.seq_len))
+    model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
     keep_alive = None
     if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
         # Partitioned construction with HF's weight init (a bare zero.Init started at loss ~100).
@@ -225,7 +231,8 @@ def _train_steps(spec: RunSpec, result: dict) -> None:
     losses, times, scales = [], [], []
     for step, batch in enumerate(steps):
         if step == 0 and os.environ.get(FAKE_OOM_ENV) == "1":
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test hook)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated"
+                                              + (")" if cuda else " on CPU)"))
         batch = batch.to(engine.device)
         start = time.perf_counter()
         loss = engine(input_ids=batch, labels=batch).loss
@@ -300,7 +307,7 @@ def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
     root = str(kit_env.REPO_ROOT)
     child["PYTHONPATH"] = root + (os.pathsep + child["PYTHONPATH"] if child.get("PYTHONPATH") else "")
     if world_size == 1:
-        child["MASTER_PORT"] = str(kit_env.free_port())
+        child["MASTER_PORT"] = str(dist.free_port())
     return child
 
 
@@ -329,7 +336,7 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
         cmd = [sys.executable, *worker]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
-               "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()), *worker]
+               "--master-addr", "127.0.0.1", "--master-port", str(dist.free_port()), *worker]
     log_file = open(log_path or work / "log.txt", "w")
     nvme = nvme_path(spec.ds_config)
     nvme_existed = bool(nvme) and os.path.exists(nvme)
@@ -422,18 +429,6 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.ranks = [{k: r.get(k) for k in keys} for r in ranks]
 
 
-#: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
-MATRIX: list[tuple[str, dict]] = [
-    ("stage 0", {"stage": 0}),
-    ("stage 1", {"stage": 1}),
-    ("stage 2", {"stage": 2}),
-    ("stage 3", {"stage": 3}),
-    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
-    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
-    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
-]
-
-
 def explained(result: RunResult) -> bool:
     """The run went, hit a limit (GPU memory, host RAM), or was not started for a stated reason."""
     return result.status in EXPLAINED and (result.status == OK or bool(result.message))
@@ -465,48 +460,78 @@ def _label(config: dict) -> str:
     return label
 
 
+#: The columns of :func:`result_cells`, for tables that show runs.
+RESULT_COLUMNS = ["status", "peak GPU GiB", "peak host RSS GiB", "NVMe GiB", "s/step", "tokens/s", "loss"]
+
+
+def result_cells(r: RunResult, width: int = 80) -> tuple[str, ...]:
+    """One run as table cells (see RESULT_COLUMNS): status, peaks, step time, tokens/s, first -> last
+    loss. Every table of runs (bench, matrix, ladder) writes them the same way; no NVMe files is "-"."""
+    return (units.status_cell(r.status, r.message, OK, width), units.gib(r.peak_gpu_allocated_bytes),
+            units.gib(r.peak_host_rss_bytes or None), units.gib(r.peak_nvme_bytes or None),
+            units.seconds(r.median_step_s), "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+            units.loss_cell(r.losses))
+
+
 def results_table(results: list[RunResult]) -> Table:
     """The measurements side by side: status, peak GPU, peak host RSS, NVMe, step time, losses."""
-    gib = lambda b: "-" if b is None else f"{b / 2**30:.2f}"
-    rows = []
-    for r in results:
-        rows.append((r.label, r.status if r.status == OK else f"{r.status}: {r.message[:80]}",
-                     gib(r.peak_gpu_allocated_bytes), gib(r.peak_host_rss_bytes),
-                     gib(r.peak_nvme_bytes) if r.peak_nvme_bytes else "-",
-                     "-" if r.median_step_s is None else f"{r.median_step_s:.2f}",
-                     "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-                     f"{r.losses[0]:.3f} -> {r.losses[-1]:.3f}" if r.losses else "-"))
-    return Table(["config", "status", "peak GPU GiB", "peak host RSS GiB", "NVMe GiB", "s/step", "tokens/s", "loss"],
-                 rows, title="Measured runs")
+    return Table(["config", *RESULT_COLUMNS], [(r.label, *result_cells(r)) for r in results], title="Measured runs")
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options every measuring command line shares (bench's and the matrix's): the model shape,
+    the batch, the steps, the ranks, each validated by its type."""
+    from helpers import cli
+    from helpers.models import MODEL_SHAPES
+
+    parser.add_argument("--shape", default="tiny", type=cli.one_of(MODEL_SHAPES, "kit shapes"),
+                        help=f"the model: {', '.join(MODEL_SHAPES)} (default: tiny)")
+    parser.add_argument("--micro-batch", type=cli.positive_int, default=2)
+    parser.add_argument("--seq-len", type=cli.whole_number(8), default=64)
+    parser.add_argument("--steps", type=cli.positive_int, default=4)
+    parser.add_argument("--world-size", type=cli.positive_int, default=1)
+    parser.add_argument("--grad-ckpt", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def refuse_more_ranks_than_gpus(parser: argparse.ArgumentParser, world_size: int) -> None:
+    """Exit in one line when ``world_size`` ranks need more GPUs than this machine has."""
+    from helpers import cli
+
+    machine = kit_env.describe()
+    if world_size > 1 and machine.has_gpu and machine.gpu_count < world_size:
+        cli.refuse(parser, "--world-size", world_size,
+                   f"needs {world_size} GPUs, this machine has {machine.gpu_count}: use --world-size "
+                   f"{machine.gpu_count}, or a machine with more GPUs (Kaggle: GPU T4 x2)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Measure one DeepSpeed config on a GPT-2-shaped model, in a subprocess.")
+    """The command line. Every bad value is refused here, in one line on stderr and exit status 2,
+    before a subprocess starts or DeepSpeed is imported (a ``--config`` file is checked with
+    DeepSpeed's own classes, still before any run)."""
+    from helpers import cli
+    from helpers import config as kit_config
+
+    parser = cli.OneLineParser(prog="python -m helpers.bench", name="bench",
+                               description="Measure one DeepSpeed config on a kit model shape, in a subprocess.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--shape", default="tiny")
-    parser.add_argument("--config", help="a DeepSpeed JSON config file (else built from the options below)")
-    parser.add_argument("--stage", type=int, default=2)
-    parser.add_argument("--offload-optimizer", default="none", choices=["none", "cpu", "nvme"])
-    parser.add_argument("--offload-param", default="none", choices=["none", "cpu", "nvme"])
-    parser.add_argument("--precision", default="auto")
-    parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--world-size", type=int, default=1)
-    parser.add_argument("--grad-ckpt", action="store_true")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--matrix", action="store_true",
-                        help="run the stage/offload matrix of notebook 05 instead of one config (with its predictions)")
-    parser.add_argument("--only", help="with --matrix: a comma-separated list of its rows, e.g. 'stage 0,stage 3'")
+    parser.add_argument("--config", type=_config_path,
+                        help="a DeepSpeed JSON config file or a preset of configs/ (e.g. zero2); "
+                             "else built from the options below")
+    parser.add_argument("--stage", type=cli.one_of((0, 1, 2, 3)), default=2, choices=(0, 1, 2, 3))
+    parser.add_argument("--offload-optimizer", default="none", type=cli.one_of(kit_config.OFFLOAD_DEVICES),
+                        choices=kit_config.OFFLOAD_DEVICES)
+    parser.add_argument("--offload-param", default="none", type=cli.one_of(kit_config.OFFLOAD_DEVICES),
+                        choices=kit_config.OFFLOAD_DEVICES, help="needs --stage 3")
+    parser.add_argument("--precision", default="auto", type=cli.one_of(kit_config.PRECISIONS),
+                        choices=kit_config.PRECISIONS)
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args.worker)
-    if args.matrix:
-        return _main_matrix(args)
-    from helpers import config as kit_config
-
+    _refuse_combinations(parser, args)
     if args.config:
-        ds_config = kit_config.load(args.config)
+        ds_config = _engine_config(parser, args)
     else:
         ds_config = kit_config.build(stage=args.stage, offload_optimizer=args.offload_optimizer,
                                      offload_param=args.offload_param, precision=args.precision,
@@ -518,29 +543,58 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.status == OK else 1
 
 
-def _main_matrix(args) -> int:
-    from helpers import doctor, matrix
+def _config_path(value: str) -> str:
+    """``--config``'s type: a file that exists, or a preset name of configs/ (as helpers.config.load reads it)."""
+    from helpers import config as kit_config
 
-    rows_known = [label for label, _ in MATRIX]
-    labels = [x.strip() for x in args.only.split(",")] if args.only else None
-    unknown = [x for x in labels or [] if x not in rows_known]
-    if unknown:
-        print(f"unknown matrix row(s) {unknown}: choose from {rows_known}", file=sys.stderr)
-        return 2
-    machine = kit_env.describe()
-    if args.world_size > 1 and machine.has_gpu and machine.gpu_count < args.world_size:
-        print(f"--world-size {args.world_size} needs {args.world_size} GPUs, this machine has {machine.gpu_count}: "
-              "use --world-size 1, or a machine with more GPUs (Kaggle: GPU T4 x2)", file=sys.stderr)
-        return 2
-    rows = matrix.run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
-                             nvme_ready=doctor.libaio_available(), labels=labels, world_size=args.world_size,
-                             progress=False)
-    if args.json:
-        print(json.dumps([asdict(r.result) for r in rows], indent=1))
-    else:
-        print(matrix.table(rows, machine))
-        print(matrix.ranks_table(rows))
-    return 0 if all(explained(r.result) for r in rows) else 1
+    path = Path(value)
+    preset = not path.exists() and not path.suffix and (kit_config.CONFIG_DIR / f"{value}.json").is_file()
+    if path.is_file() or preset:
+        return value
+    presets = ", ".join(p.stem for p in sorted(kit_config.CONFIG_DIR.glob("*.json")))
+    what = "a folder, not a file" if path.exists() else "no such file"
+    raise argparse.ArgumentTypeError(f"{value!r}: {what}; give a JSON file or a preset: {presets}")
+
+
+def _refuse_combinations(parser: argparse.ArgumentParser, args) -> None:
+    """The checks that need several options; each exits through ``parser.error`` in one line."""
+    from helpers import cli
+
+    if not args.config and args.offload_param != "none" and args.stage != 3:
+        cli.refuse(parser, "--offload-param", args.offload_param,
+                   f"parameter offload needs --stage 3 (this is --stage {args.stage}); "
+                   f"or offload only the optimizer: --offload-optimizer {args.offload_param}")
+    refuse_more_ranks_than_gpus(parser, args.world_size)
+
+
+def _engine_config(parser: argparse.ArgumentParser, args) -> dict:
+    """``--config`` read and checked (helpers.config.load), its "auto" values filled for deepspeed.initialize,
+    and checked again with the run's world size; a config with errors is refused in one line."""
+    from helpers import cli
+    from helpers import config as kit_config
+
+    def refuse(err_text: str) -> None:
+        first, *rest = [line.strip() for line in err_text.splitlines() if line.strip()] or [""]
+        why = " ".join([first, " | ".join(x.lstrip("- ") for x in rest)]).strip()
+        cli.refuse(parser, "--config", args.config, why)
+
+    loaded, failed, filled, errors = None, "", {}, []
+    with cli.quiet():  # importing DeepSpeed for the checks prints a line or two
+        try:
+            loaded = kit_config.load(args.config)
+        except kit_config.ConfigError as err:
+            failed = str(err)
+        if loaded is not None:
+            filled = kit_config.for_engine(loaded, micro_batch=args.micro_batch, world_size=args.world_size,
+                                           precision=None if args.precision == "auto" else args.precision)
+            errors = [p for p in kit_config.check(filled, for_trainer=False, world_size=args.world_size)
+                      if p.level == "error"]
+    if failed:
+        refuse(failed)
+    if errors:
+        refuse(f"with --micro-batch {args.micro_batch} --world-size {args.world_size}, {len(errors)} error(s):\n"
+               + "\n".join(f"- {p}" for p in errors))
+    return filled
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ is the only place to change when the kit moves (a fork, say).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 REPO_URL = "https://github.com/zero-kit/zero-kit"
@@ -49,7 +51,8 @@ def setup_cell_source() -> str:
 import os, subprocess, sys
 KIT_REPO = "{REPO_URL}"
 if "google.colab" in sys.modules and not os.path.isdir("{CLONE_DIR}/helpers"):
-    subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{BRANCH}", KIT_REPO, "{CLONE_DIR}"], check=True)
+    subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", "{BRANCH}", KIT_REPO,
+                    "{CLONE_DIR}"], check=True)
 for _root in ("{CLONE_DIR}", os.path.abspath(".."), os.path.abspath(".")):
     if os.path.isdir(os.path.join(_root, "helpers")):
         sys.path.insert(0, _root)
@@ -58,18 +61,9 @@ from helpers import colab
 print(colab.prepare())'''
 
 
-def _installed(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def keep_constraints() -> list[str]:
     """pip constraints pinning Colab's own torch, numpy and ipywidgets to what is installed."""
-    return [f"{name}=={version}" for name in KEEP_AS_IS if (version := _installed(name))]
+    return [f"{name}=={version}" for name in KEEP_AS_IS if (version := version_of(name))]
 
 
 def pip_command(constraints_file: str) -> list[str]:
@@ -93,9 +87,30 @@ def prepare(force: bool = False) -> str:
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"pip could not install {COLAB_REQUIREMENTS.name}:\n{tail}")
-    widgets = _installed("ipywidgets") or ""
+    widgets = version_of("ipywidgets") or ""
     if on_colab() and widgets.startswith("8"):
         from google.colab import output  # type: ignore[import-not-found]
 
         output.enable_custom_widget_manager()
     return f"installed {COLAB_REQUIREMENTS.name}; kept " + ", ".join(keep_constraints())
+
+
+def version_of(package: str) -> str | None:
+    """The installed version of a distribution, without importing it (None when missing)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def install_command(package: str) -> str:
+    """The exact pip command that installs ``package`` at the kit's range (from requirements.txt)."""
+    spec = package
+    for name in ("requirements.txt",):
+        path = REPO_ROOT / name
+        if path.exists():
+            for line in path.read_text().splitlines():
+                line = line.split("#")[0].strip()
+                if re.match(rf"^{re.escape(package)}\s*([<>=!~]|$)", line, re.I):
+                    spec = line
+    return f'pip install "{spec}"'

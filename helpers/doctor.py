@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import os
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from helpers import env as kit_env
+from helpers import libaio
 from helpers import memory
 from helpers.tables import Table
 
@@ -39,7 +39,6 @@ OP_PURPOSE = {
 #: Model sizes the later notebooks offload to host RAM (GPT-2 small and medium).
 LATER_MODEL_PARAMS = {"GPT-2 124M": 124_439_808, "GPT-2 355M": 354_823_168}
 SHM_MIN_BYTES = 512 * 2**20  # DeepSpeed's own ds_report threshold
-LIBAIO_APT = "apt-get install -y libaio-dev"
 
 
 def kit_ops(has_gpu: bool) -> list[str]:
@@ -105,7 +104,7 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
         cuda_home=cpp.CUDA_HOME,
         ninja=cpp.is_ninja_available(),
         compiler=shutil.which(os.environ.get("CXX", "c++")),
-        libaio=libaio_available(),
+        libaio=libaio.available(),
         arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"),
         shm_bytes=shm_bytes,
         ram_budget_bytes=environment.ram_budget_bytes,
@@ -113,26 +112,6 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
         gpu_count=environment.gpu_count,
         requested_precision=requested_precision,
     )
-
-
-@functools.lru_cache(maxsize=None)
-def libaio_available() -> bool:
-    """DeepSpeed's own test: compile and link a program calling io_submit (honours CFLAGS/LDFLAGS).
-
-    Run in a fresh subprocess: DeepSpeed's probe redirects file descriptor 2, which a Jupyter
-    kernel's captured streams do not always allow (it answered False inside JupyterLab).
-    """
-    probe = ("import contextlib, io\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             "    from deepspeed.ops.op_builder.all_ops import ALL_OPS\n"
-             "    b = ALL_OPS.get('async_io')\n"
-             "    ok = bool(b is not None and b.has_function('io_submit', ('aio',)))\n"
-             "print('LIBAIO', ok)")
-    try:
-        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "LIBAIO True" in done.stdout
 
 
 _ARCH_TOKEN = re.compile(r"^\d+\.\d+(\+PTX)?$")
@@ -190,12 +169,12 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
             "Every DeepSpeed op, CPU Adam included, is C++ compiled on first use.",
             "apt-get install -y build-essential", ("CPU offload", "NVMe offload", "fp16 training", "ZeRO 1/2/3")))
     if not facts.libaio:
-        colab = " (in a Colab cell: !" + LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
+        colab = " (in a Colab cell: !" + libaio.LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
         out.append(Diagnosis(
             "no_libaio", "warning", "libaio (headers and .so) not found.",
             "NVMe offload (ZeRO-Infinity) reads and writes optimizer states and parameters through "
             "DeepSpeed's async_io op, which links against libaio. Everything else works without it.",
-            f"{LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
+            f"{libaio.LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
             "LDFLAGS=-L<dir>/lib before starting Python.", ("NVMe offload",)))
     if facts.has_gpu:
         arch = facts.arch
@@ -264,22 +243,6 @@ def apply_safe_fixes(environment: kit_env.Environment) -> list[str]:
     return done
 
 
-def install_libaio(run: bool = False) -> str:
-    """Print, or with ``run`` and root, run the apt-get line that installs libaio-dev."""
-    if libaio_available():
-        return "libaio is already usable: nothing to install."
-    if not run:
-        return f"Not run. To enable NVMe offload: {LIBAIO_APT}"
-    if shutil.which("apt-get") is None:
-        return f"apt-get is not here: install libaio's development package with your system's package manager."
-    cmd = f"apt-get update -qq && {LIBAIO_APT} -qq"
-    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
-    libaio_available.cache_clear()
-    if done.returncode != 0:
-        return f"{cmd} failed: " + "\n".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-    return "libaio-dev installed: " + ("async_io can now be built." if libaio_available() else "but io_submit still does not link.")
-
-
 # ---- DeepSpeed's op builders -------------------------------------------------------------------
 
 
@@ -303,6 +266,8 @@ class OpStatus:
     seconds: float | None = None
     cached: bool | None = None  # loaded from the torch extensions cache, no compile
     log: list[str] = field(default_factory=list)  # the relevant compiler lines of a failed build
+    works: bool | None = None  # loaded and did its job (EXERCISES); None: not exercised
+    works_error: float | None = None  # the exercise's largest error
 
 
 @contextlib.contextmanager
@@ -375,7 +340,7 @@ def diagnose_build_log(lines: list[str]) -> str:
     if "invalid literal for int()" in text:
         return "The CUDA arch list could not be parsed: set TORCH_CUDA_ARCH_LIST to this GPU's capability (e.g. 7.5)."
     if "libaio" in text or "aio.h" in text or "-laio" in text:
-        return f"libaio is missing: {LIBAIO_APT}"
+        return f"libaio is missing: {libaio.LIBAIO_APT}"
     if "ninja" in text.lower():
         return 'ninja is missing: pip install "ninja>=1.11"'
     if "nvcc" in text or "CUDA_HOME" in text:
@@ -413,6 +378,9 @@ def build_op(name: str, timeout: int = 1800) -> OpStatus:
         ok, log = False, f"the build took longer than {timeout} s (timeout)\n{err.stdout or ''}"
     status.seconds = time.perf_counter() - start
     status.loads = ok
+    mark = re.search(rf"{WORKS_MARK} (True|False) (\S+)", log)
+    if ok and mark:
+        status.works, status.works_error = mark.group(1) == "True", float(mark.group(2))
     if not ok:
         status.log = relevant_lines(log) or log.strip().splitlines()[-5:]
         status.why = diagnose_build_log(status.log)
@@ -455,11 +423,10 @@ def diagnoses_table(found: list[Diagnosis]) -> Table:
 # ---- the verdict ---------------------------------------------------------------------------------
 
 READY, NOT_HERE, FIX = "ready", "not here", "fix"
-CAPABILITIES = ("fp16 training", "bf16 training", "ZeRO 1/2/3", "CPU offload", "NVMe offload", "multi-GPU")
 
 
 def verdict(facts: Facts, statuses: list[OpStatus], found: list[Diagnosis]) -> list[tuple[str, str, str]]:
-    """(capability, ready / not here / fix, reason or fix) for each row of CAPABILITIES."""
+    """(capability, ready / not here / fix, reason or fix): fp16, bf16, ZeRO, CPU offload, NVMe, multi-GPU."""
     ops = {s.name: s for s in statuses}
 
     def op_ok(name: str) -> bool:
@@ -514,22 +481,32 @@ def verdict_table(rows: list[tuple[str, str, str]]) -> Table:
     return Table(["capability", "status", "reason / fix"], rows, title="Verdict")
 
 
-def check_consistency(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str, str]]) -> list[tuple[str, bool]]:
-    """The claims notebook 02 asserts: the verdict follows the measured builds, and CPU Adam loads."""
+def checks(facts: Facts, statuses: list[OpStatus]) -> list[tuple[str, bool]]:
+    """The claims notebook 02 asserts, each measured in this run and able to fail: CPU Adam builds,
+    loads and steps like torch's AdamW; where libaio is installed, async_io round-trips a tensor
+    through a file; on a GPU FusedAdam loads; every failed build carries a reason."""
     ops = {s.name: s for s in statuses}
-    status = {c: s for c, s, _ in rows}
-    aio = ops.get("async_io")
-    checks = [
-        ("CPU Adam (needed by every offload notebook) builds and loads", bool(ops["cpu_adam"].loads)),
-        ("the CPU offload row follows CPU Adam's build", (status["CPU offload"] == READY) == bool(ops["cpu_adam"].loads)),
-        ("the NVMe row is ready exactly when async_io loads", (status["NVMe offload"] == READY) == bool(aio and aio.loads)),
-        ("without libaio the NVMe row says 'not here'", facts.libaio or status["NVMe offload"] == NOT_HERE),
-        ("bf16 is ready only from capability 8.0", status["bf16 training"] != READY or kit_env.native_bf16(facts.capability)),
-        ("every failed build carries a reason", all(s.loads is not False or s.why for s in statuses)),
-    ]
+
+    def works(name: str) -> bool:
+        s = ops.get(name)
+        return bool(s and s.loads and s.works)
+
+    def error(name: str) -> str:
+        s = ops.get(name)
+        return "not built" if not s else (f"error {s.works_error:.1e}" if s.works_error is not None
+                                          else "did not load")
+
+    out = [(f"CPU Adam (every offload notebook needs it) builds, loads and steps like torch's AdamW "
+            f"({error('cpu_adam')})", works("cpu_adam"))]
+    if facts.libaio:
+        out.append((f"libaio is installed, so async_io builds and round-trips 1 MiB through a file "
+                    f"({error('async_io')})", works("async_io")))
     if facts.has_gpu:
-        checks.append(("the fp16 row follows FusedAdam's build", (status["fp16 training"] == READY) == bool(ops["fused_adam"].loads)))
-    return checks
+        out.append(("FusedAdam (fp16/bf16 training on the GPU) builds and loads",
+                    bool(ops.get("fused_adam") and ops["fused_adam"].loads)))
+    failed = [s for s in statuses if s.loads is False]
+    out.append((f"every failed build carries a reason ({len(failed)} failed)", all(s.why for s in failed)))
+    return out
 
 
 def ds_report_text(html: bool = False) -> str:
@@ -548,16 +525,54 @@ def ds_report_text(html: bool = False) -> str:
     return f"<pre style='font-size:11px'>{ANSI.sub('', out)}</pre>"
 
 
-def summary(rows: list[tuple[str, str, str]], statuses: list[OpStatus]) -> str:
-    """Facts that read the same on a CPU and on a T4 (what notebook 02 compares)."""
-    status = dict((c, s) for c, s, _ in rows)
+def summary(facts: Facts, statuses: list[OpStatus], claims_held: list[tuple[str, bool]]) -> str:
+    """Facts that read the same on a CPU and on a T4 (what notebook 02 compares with nbval)."""
+    ops = {s.name: s for s in statuses}
+    aio = ops.get("async_io")
     return "\n".join([
-        f"verdict rows: {', '.join(c for c, _, _ in rows)}",
-        f"every row has a status: {all(s in (READY, NOT_HERE, FIX) for s in status.values())}",
-        f"CPU offload: {status['CPU offload']}",
-        f"ZeRO 1/2/3: {status['ZeRO 1/2/3']}",
-        f"cpu_adam loads: {next(s.loads for s in statuses if s.name == 'cpu_adam')}",
+        f"cpu_adam loads and steps like AdamW: {bool(ops.get('cpu_adam') and ops['cpu_adam'].works)}",
+        f"async_io works wherever libaio is installed: {not facts.libaio or bool(aio and aio.works)}",
+        f"all checks held: {bool(claims_held) and all(held for _, held in claims_held)}",
     ])
+
+
+def exercise_cpu_adam(op=None, steps: int = 3) -> float:
+    """Step DeepSpeed's CPU Adam and torch's AdamW on the same tensor; their largest difference."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    gen = torch.Generator().manual_seed(0)
+    ours = torch.nn.Parameter(torch.randn(4096, generator=gen))
+    ref = torch.nn.Parameter(ours.detach().clone())
+    opts = [DeepSpeedCPUAdam([ours], lr=1e-2, weight_decay=0.0), torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.0)]
+    for _ in range(steps):
+        grad = torch.randn(4096, generator=gen)
+        for param, opt in zip((ours, ref), opts):
+            param.grad = grad.clone()
+            opt.step()
+    return float((ours.detach() - ref.detach()).abs().max())
+
+
+def exercise_async_io(op, folder: str | os.PathLike | None = None) -> float:
+    """Write 1 MiB through DeepSpeed's async_io (libaio) to a file and read it back; the largest
+    difference between what was written and what came back (0.0 when the round trip works)."""
+    import tempfile
+
+    import torch
+
+    handle = op.aio_handle(1 << 20, 8, False, True, 1)
+    data = torch.randn(1 << 18, generator=torch.Generator().manual_seed(0))
+    back = torch.zeros_like(data)
+    with tempfile.TemporaryDirectory(dir=folder) as where:
+        path = os.path.join(where, "kit_aio_probe.bin")
+        handle.sync_pwrite(data, path)
+        handle.sync_pread(back, path)
+    return float((data - back).abs().max())
+
+
+#: Ops the doctor exercises after loading (not only loads): a small job whose answer is known.
+EXERCISES = {"cpu_adam": (exercise_cpu_adam, 1e-5), "async_io": (exercise_async_io, 0.0)}
+WORKS_MARK = "KIT_OP_WORKS"
 
 
 def _load_in_this_process(name: str) -> int:
@@ -565,19 +580,31 @@ def _load_in_this_process(name: str) -> int:
     if builder is None:
         print(f"no {name} op on this accelerator", file=sys.stderr)
         return 2
-    builder.load(verbose=False)
+    op = builder.load(verbose=False)
+    if name in EXERCISES:
+        run, tolerance = EXERCISES[name]
+        error = run(op)
+        print(f"{WORKS_MARK} {error <= tolerance} {error:.3g}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(description="ds_report explained: ops, diagnoses, verdict")
+    from helpers import cli
+
+    parser = cli.OneLineParser(prog="python -m helpers.doctor", name="doctor",
+                               description="ds_report explained: ops, diagnoses, verdict")
     parser.add_argument("--prebuild", action="store_true", help="compile and load each op the kit uses")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--load", metavar="OP", help=argparse.SUPPRESS)  # used by build_op's subprocess
     args = parser.parse_args(argv)
     if args.load:
+        with cli.quiet():  # DeepSpeed's import prints; the op list needs it
+            known = _builder(args.load) is not None
+        if not known:
+            cli.refuse(parser, "--load", args.load, "no such DeepSpeed op on this accelerator; "
+                       f"the kit's ops: {', '.join(OP_PURPOSE)}")
         return _load_in_this_process(args.load)
     environment = kit_env.describe()
     apply_safe_fixes(environment)
@@ -595,3 +622,21 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str, str]]) -> list[str]:
+    """Notebook 02's summary: what was built and what is ready, each figure from this run."""
+    built = [f"{s.name} {s.seconds:.0f} s ({'cached' if s.cached else 'compiled'})" for s in statuses
+             if s.loads and s.seconds is not None]
+    ready = [c for c, status, _ in rows if status == READY]
+    missing = [f"{c} ({status}: {why[:60]})" for c, status, why in rows if status != READY]
+    cpu_adam = next((s for s in statuses if s.name == "cpu_adam"), None)
+    return [
+        "Ops built and loaded in fresh processes: " + (", ".join(built) or "none") + ". A compiled op is "
+        "cached, so the next notebooks load it in seconds.",
+        f"Ready here: {', '.join(ready) or 'nothing'}.",
+        "Not ready: " + ("; ".join(missing) or "nothing") + ".",
+        f"CPU Adam matched torch's AdamW to {cpu_adam.works_error:.1e} after three steps." if cpu_adam
+        and cpu_adam.works_error is not None else "CPU Adam was not exercised.",
+        "Next: 03 · config builder: these capabilities become a DeepSpeed config, checked and sized.",
+    ]

@@ -1,9 +1,8 @@
 """Where is this notebook running? GPU, precision, RAM, disk, versions, smoke mode, T4 emulation.
 
-``describe()`` answers in one call and returns an :class:`Environment` that renders as a table.
-``setup_single_process_dist()`` sets the variables DeepSpeed expects from a launcher, so an
-engine can start inside a notebook. ``KIT_EMULATE=t4`` (or ``describe(emulate="t4")``) makes a
-bigger GPU behave like a free Colab T4 for the kit's own decisions.
+``describe()`` reads the machine (it changes nothing) and returns an :class:`Environment` that
+renders as a table. ``emulate("t4")`` (or ``KIT_EMULATE=t4``) makes a bigger GPU behave like a free
+Colab T4: it caps this process's GPU memory, and the kit's decisions follow the T4's capability.
 """
 
 from __future__ import annotations
@@ -11,18 +10,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import colab
 from helpers.tables import Table
+from helpers.units import GB, GiB
 
-GiB = 2**30
-GB = 10**9
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The status a run gets when the GPU runs out of memory (helpers.bench and helpers.train).
 OUT_OF_GPU_MEMORY = "out of GPU memory"
@@ -185,89 +182,6 @@ def nvidia_smi() -> str:
     return done.stdout if done.returncode == 0 else f"nvidia-smi failed: {(done.stderr or done.stdout).strip()}"
 
 
-def version_of(package: str) -> str | None:
-    """The installed version of a distribution, without importing it (None when missing)."""
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def install_command(package: str) -> str:
-    """The exact pip command that installs ``package`` at the kit's range (from requirements.txt)."""
-    spec = package
-    for name in ("requirements.txt",):
-        path = REPO_ROOT / name
-        if path.exists():
-            for line in path.read_text().splitlines():
-                line = line.split("#")[0].strip()
-                if re.match(rf"^{re.escape(package)}\s*([<>=!~]|$)", line, re.I):
-                    spec = line
-    return f'pip install "{spec}"'
-
-
-def free_port(start: int | None = None, tries: int = 200, host: str = "") -> int:
-    """A port nothing listens on, probed by binding to it: one the OS picks (``start`` None), else
-    the first free one from ``start`` on.
-
-    The OS's pick is random among its ephemeral ports, so two processes that look for a port at the
-    same moment do not both take 29500 (seen on a GPU machine running notebooks side by side). The
-    probe binds the wildcard address: torch's TCPStore listens on all addresses (IPv6 dual stack), so
-    a port free on 127.0.0.1 alone can still be taken for it.
-    """
-    if start is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            return sock.getsockname()[1]
-    for port in range(start, start + tries):
-        if _port_free(port, host):
-            return port
-    raise KitSetupError(f"no free port in {start}..{start + tries - 1} on {host}: set MASTER_PORT to a free one")
-
-
-_DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
-def _port_free(port: int, host: str = "") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _launched() -> bool:
-    """True when a real launcher (torchrun, the deepspeed launcher) started this process."""
-    # Not LOCAL_WORLD_SIZE: accelerate sets it in a plain process too.
-    return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("WORLD_SIZE", "1") != "1"
-
-
-def setup_single_process_dist(port: int | None = None) -> dict[str, str]:
-    """Set what a launcher would (MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE) for one process.
-
-    Variables already set (by a launcher, or an earlier call) are kept, so calling twice is safe
-    and a real launcher wins. The port is probed, not assumed free: a MASTER_PORT inherited from a
-    parent process whose port is now taken (and not by this process's own group) is replaced.
-    """
-    defaults = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    current = os.environ.get("MASTER_PORT")
-    if current is None or (not _launched() and not _group_started() and not _port_free(int(current))):
-        os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
-    return {k: os.environ[k] for k in _DIST_KEYS}
-
-
-def _group_started() -> bool:
-    try:
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
-    except ImportError:
-        return False
-
-
 def default_offload_dir() -> Path:
     """Where NVMe offload files go: ``KIT_OFFLOAD_DIR``, else a folder on the local temp disk."""
     return Path(os.environ.get("KIT_OFFLOAD_DIR") or Path(tempfile.gettempdir()) / "zero_kit_offload")
@@ -308,7 +222,6 @@ class Environment:
     smoke: bool
     emulation: Emulation | None = None
     gpu_cap_bytes: int | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def has_gpu(self) -> bool:
@@ -341,7 +254,7 @@ class Environment:
             ("disk free for offload", gib(self.disk_free_bytes), self.offload_dir),
             ("torch", self.torch_version, f"CUDA {self.torch_cuda}" if self.torch_cuda else "CPU build"),
             ("nvcc", self.nvcc or "none", "needed only to JIT-build CUDA ops" if not self.nvcc else ""),
-            ("DeepSpeed", self.deepspeed_version or "missing", "" if self.deepspeed_version else install_command("deepspeed")),
+            ("DeepSpeed", self.deepspeed_version or "missing", "" if self.deepspeed_version else colab.install_command("deepspeed")),
             ("transformers", self.transformers_version or "missing", ""),
             ("smoke mode", "on" if self.smoke else "off", "tiny sizes (no GPU or KIT_SMOKE=1)" if self.smoke else "full sizes"),
             ("emulation", emu.label if emu else "off", "KIT_EMULATE" if emu else ""),
@@ -350,60 +263,47 @@ class Environment:
     def table(self) -> Table:
         return Table(["what", "value", "note"], self.rows(), title="Where this notebook runs")
 
+    def measured_on(self) -> str:
+        """Where a table's figures come from, for its title: under emulation they are estimates of a
+        T4 made on a larger GPU, and say so."""
+        if not self.has_gpu:
+            return "measured on the CPU (smoke mode: tiny sizes, fp32)"
+        if self.emulation:
+            return (f"measured on a {self.gpu_name} in {self.emulation.label} emulation: estimates of a "
+                    f"real {self.emulation.label}")
+        return f"measured on a {self.gpu_name}"
+
     def __str__(self) -> str:
         return str(self.table())
 
     def _repr_html_(self) -> str:
         return self.table()._repr_html_()
 
-    def verdict(self) -> list[str]:
-        """Plain sentences: what this machine can do with the kit, and why."""
-        from helpers import memory
-
-        lines = []
-        if not self.has_gpu:
-            lines.append(
-                "No GPU: the kit runs in smoke mode on the CPU (fp32, tiny models). DeepSpeed uses its "
-                "CPU accelerator, so ZeRO stages and CPU offload still run, slowly."
-            )
-        else:
-            label = self.emulation.label if self.emulation else self.gpu_name
-            bf16 = "native bf16" if self.native_bf16 else "no native bf16"
-            ready = "ZeRO 1-3 and CPU offload ready" if self.deepspeed_version else "DeepSpeed missing"
-            lines.append(f"{label}: {self.precision} ({bf16}), {ready}.")
-        limit = memory.cpu_offload_max_params(self.ram_budget_bytes)
-        lines.append(
-            f"{self.ram_budget_bytes / GB:.1f} GB of RAM limits ZeRO-2 CPU offload to about "
-            f"{limit / 1e6:,.0f}M parameters (notebook 06 goes further with NVMe offload)."
-        )
-        if self.gpu_count > 1:
-            lines.append(
-                f"{self.gpu_count} GPUs: ZeRO partitions across them when launched with one process per GPU "
-                "(the `deepspeed` launcher or torchrun from a cell, notebook 05). Kaggle offers 2 x T4 for free."
-            )
-        elif self.platform != "kaggle":
-            lines.append("One process, one device: stages 1-3 have nothing to partition across; offload is what saves memory here.")
-        if not self.deepspeed_version:
-            lines.append(f"DeepSpeed is not installed: run  {install_command('deepspeed')}")
-        if self.has_gpu and not self.nvcc:
-            lines.append("No nvcc: DeepSpeed cannot JIT-build CUDA ops such as FusedAdam (notebook 02 explains the fix).")
-        return lines
-
 
 def _cc(capability: tuple[int, int] | None) -> str:
     return "-" if capability is None else f"{capability[0]}.{capability[1]}"
 
 
-def describe(emulate: str | None = None, offload_dir: str | os.PathLike | None = None) -> Environment:
-    """Describe this machine as the kit sees it; applies T4 emulation when asked (argument or KIT_EMULATE)."""
+def emulate(value: str | None = None) -> Emulation | None:
+    """Turn emulation on (``"t4"``) or off (``"none"``) for this process and its subprocesses; with
+    ``None``, follow ``KIT_EMULATE``. Caps this process's GPU memory at the emulated size (every GPU)
+    and sets ``KIT_EMULATE`` so that measurement subprocesses apply the same cap. Returns the emulation."""
+    emulation = resolve_emulation(value)
+    if value is not None:
+        os.environ["KIT_EMULATE"] = emulation.name if emulation else "none"
+    apply_emulation(emulation, _gpu_facts())
+    return emulation
+
+
+def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
+    """Describe this machine as the kit sees it, under the emulation ``KIT_EMULATE`` names (see
+    :func:`emulate`, which applies it). Reads only: changes nothing in the process."""
     import psutil
     import torch
 
-    emulation = resolve_emulation(emulate)
-    if emulate is not None:  # so that measurement subprocesses see the same choice
-        os.environ["KIT_EMULATE"] = emulation.name if emulation else "none"
+    emulation = resolve_emulation()
     gpu = _gpu_facts()
-    cap = apply_emulation(emulation, gpu)
+    cap = min(emulation.gpu_bytes, gpu.total_bytes) if emulation and gpu else None
     capability = None
     vram_total = vram_free = None
     if gpu is not None:
@@ -436,109 +336,9 @@ def describe(emulate: str | None = None, offload_dir: str | os.PathLike | None =
         torch_version=torch.__version__,
         torch_cuda=torch.version.cuda,
         nvcc=nvcc_version(),
-        deepspeed_version=version_of("deepspeed"),
-        transformers_version=version_of("transformers"),
+        deepspeed_version=colab.version_of("deepspeed"),
+        transformers_version=colab.version_of("transformers"),
         smoke=smoke_mode(gpu is not None),
         emulation=emulation,
         gpu_cap_bytes=cap,
     )
-
-
-def check_gpu_cap(environment: Environment) -> bool | None:
-    """Prove the emulated cap holds: asking for more than the cap must raise OutOfMemoryError.
-
-    Returns True when it did, False when the allocation went through (no cap), None with no cap to test.
-    """
-    if environment.gpu_cap_bytes is None:
-        return None
-    import torch
-
-    over = environment.gpu_cap_bytes + GiB // 2
-    try:
-        block = torch.empty(over, dtype=torch.uint8, device="cuda")
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return True
-    del block
-    torch.cuda.empty_cache()
-    return False
-
-
-def package_table(packages: tuple[str, ...] = ("torch", "deepspeed", "transformers", "datasets", "accelerate")) -> Table:
-    """Import each package and show its version, or the exact command that installs it."""
-    import importlib
-
-    rows = []
-    for name in packages:
-        try:
-            module = importlib.import_module(name)
-            rows.append((name, getattr(module, "__version__", version_of(name) or "?"), "imported"))
-        except ImportError as err:
-            rows.append((name, "missing", f"{install_command(name)}   ({err})"))
-    return Table(["package", "version", "status"], rows, title="The libraries the kit uses")
-
-
-def dist_roundtrip() -> bool:
-    """Start a one-process gloo group on the variables from setup_single_process_dist, all-reduce, stop.
-
-    Proves the port is usable before DeepSpeed needs it. Leaves no group behind.
-    """
-    import torch
-    import torch.distributed as dist
-
-    setup_single_process_dist()
-    if dist.is_initialized():  # DeepSpeed already started one in this kernel: use it
-        value = torch.ones(1)
-        dist.all_reduce(value)
-        return value.item() == int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    try:
-        value = torch.ones(1)
-        dist.all_reduce(value)
-        return value.item() == int(os.environ["WORLD_SIZE"])
-    finally:
-        dist.destroy_process_group()
-
-
-def check_invariants(environment: Environment) -> list[tuple[str, bool]]:
-    """The facts notebook 01 asserts, each (claim, held?). Only claims that apply here are listed."""
-    import importlib
-
-    checks = [
-        ("precision follows the capability rule", environment.precision == choose_precision(environment.capability)),
-        ("native bf16 only from capability 8.0", environment.native_bf16 == native_bf16(environment.capability)),
-        ("a T4 (7.5) gets fp16, not bf16", choose_precision((7, 5)) == "fp16" and not native_bf16((7, 5))),
-        ("smoke mode is on without a GPU", environment.has_gpu or environment.smoke),
-    ]
-    try:
-        importlib.import_module("deepspeed")
-        checks.append(("DeepSpeed imports", True))
-    except ImportError:
-        checks.append((f"DeepSpeed imports (fix: {install_command('deepspeed')})", False))
-    checks.append(("a one-process distributed group starts on the probed port", dist_roundtrip()))
-    if environment.emulation and environment.has_gpu:
-        checks.append((f"GPU memory is capped at {environment.emulation.gpu_bytes / GiB:.0f} GiB",
-                       bool(check_gpu_cap(environment))))
-        checks.append(("the emulated GPU trains in fp16", environment.precision == "fp16"))
-    return checks
-
-
-def assert_checks(checks: list[tuple[str, bool]]) -> Table:
-    """Raise AssertionError naming every failed claim; otherwise return the checks as a table."""
-    failed = [claim for claim, held in checks if not held]
-    if failed:
-        raise AssertionError("these checks failed: " + "; ".join(failed))
-    return Table(["claim", "held"], checks, title="Checks")
-
-
-def summary(environment: Environment, checks: list[tuple[str, bool]]) -> str:
-    """Facts that read the same on a CPU and on a T4: what notebook 01 compares with nbval."""
-    by_name = dict(checks)
-    t4 = EMULATIONS["t4"]
-    return "\n".join([
-        f"all checks held: {all(by_name.values())}",
-        f"DeepSpeed imports: {by_name.get('DeepSpeed imports', False)}",
-        f"single-process distributed group works: {by_name['a one-process distributed group starts on the probed port']}",
-        f"a T4 trains in: {choose_precision(t4.capability)} (native bf16: {native_bf16(t4.capability)})",
-        f"T4 emulation: {t4.gpu_bytes / GiB:.0f} GiB GPU, {t4.ram_budget_bytes / GB:.1f} GB RAM budget",
-    ])

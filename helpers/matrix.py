@@ -1,17 +1,34 @@
-"""The stage and offload matrix of notebook 05: run each config on the same model, data and seed
-(each in its own subprocess, through helpers.bench), predict each with helpers.memory, and check
-the claims ZeRO makes.
+"""The stage and offload matrix of notebooks 03 and 05: run each config on the same model, data and
+seed (each in its own subprocess, through helpers.bench), predict each with helpers.memory, and
+check the claims ZeRO makes. ``python -m helpers.matrix`` runs it from a terminal:
+
+    python -m helpers.matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers import bench, config, memory
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from helpers import bench, claims, config, libaio, memory, units
 from helpers import env as kit_env
 from helpers.tables import Table
+from helpers.units import GB, GiB
 
-GiB = 2**30
+#: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
+CONFIGS: list[tuple[str, dict]] = [
+    ("stage 0", {"stage": 0}),
+    ("stage 1", {"stage": 1}),
+    ("stage 2", {"stage": 2}),
+    ("stage 3", {"stage": 3}),
+    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
+    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+]
 
 
 @dataclass
@@ -28,13 +45,13 @@ class Row:
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
                world_size: int = 1, progress: bool = True) -> list[Row]:
-    """Run every row of bench.MATRIX (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
+    """Run every row of CONFIGS (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
     ranks with gloo where there is no GPU); NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.gpt2(shape)
     rows = []
-    todo = [(label, choice) for label, choice in bench.MATRIX if labels is None or label in labels]
+    todo = [(label, choice) for label, choice in CONFIGS if labels is None or label in labels]
     for label, choice in tqdm(todo, desc="configs", disable=not progress):
         if "nvme" in choice.values() and not nvme_ready:
             rows.append(Row(label, choice, None, bench.RunResult(
@@ -53,19 +70,19 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
 
 def table(rows: list[Row], environment: kit_env.Environment) -> Table:
     """Measured and predicted side by side, with the T4-sized limits."""
-    gib = lambda b: "-" if b is None else f"{b / GiB:.2f}"
+    gib = units.gib
     out = []
     for r in rows:
         res, est = r.result, r.estimate
-        out.append((r.label, res.status if res.status == bench.OK else f"{res.status}: {res.message[:70]}",
+        out.append((r.label, units.status_cell(res.status, res.message, bench.OK, 70),
                     gib(res.peak_gpu_allocated_bytes), gib(est.total("gpu")) if est and environment.has_gpu else "-",
                     gib(res.peak_host_rss_bytes or None), gib(est.total("cpu")) if est else "-",
                     gib(res.peak_nvme_bytes or None),
-                    "-" if res.median_step_s is None else f"{res.median_step_s:.2f}",
-                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}",
-                    f"{res.losses[0]:.4f} -> {res.losses[-1]:.4f}" if res.losses else "-"))
+                    units.seconds(res.median_step_s),
+                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", units.loss_cell(res.losses, 4)))
     return Table(["config", "status", "GPU GiB", "GPU predicted", "host RSS GiB", "host predicted", "NVMe GiB",
-                  "s/step", "tokens/s", "loss first -> last"], out, title="ZeRO stages and offload, measured")
+                  "s/step", "tokens/s", "loss first -> last"], out,
+                 title=f"ZeRO stages and offload, {environment.measured_on()}")
 
 
 def plot(rows: list[Row], environment: kit_env.Environment):
@@ -103,35 +120,57 @@ def loss_tolerance(environment: kit_env.Environment) -> tuple[float, float]:
     return (1e-4, 1e-4) if environment.precision == "fp32" else (1e-3, 0.10)
 
 
-def checks(rows: list[Row], environment: kit_env.Environment, gpu_rtol: float = 0.15) -> list[tuple[str, bool]]:
-    """The claims notebook 05 asserts, each (claim, held)."""
+def _losses_match(base: list[float], other: list[float], first_tol: float, all_tol: float) -> bool:
+    """Same number of steps, the first loss within ``first_tol`` and every loss within ``all_tol``."""
+    return (bool(base) and len(base) == len(other) and claims.within(other[0], base[0], first_tol)
+            and claims.every(claims.within(b, a, all_tol) for a, b in zip(base, other)))
+
+
+def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
+           gpu_rtol: float = 0.15) -> list[claims.Claim]:
+    """The claims notebook 05 asserts, each (claim, held). Each can fail on a bad run: stage 0 must
+    run, at least one offload row must run, NVMe must run where libaio is ready, and at least two
+    ZeRO rows must have losses to compare with stage 0 (an empty comparison fails)."""
     ok = {r.label: r for r in rows if r.result.status == bench.OK}
+    offload = [r for r in rows if r.choice.get("offload_optimizer", "none") != "none"]
     out = [("every config ran, or hit a limit, or says why it did not run (no errors)",
-            all(bench.explained(r.result) for r in rows))]
+            claims.every(bench.explained(r.result) for r in rows)),
+           ("stage 0 ran (the baseline every row is compared with)", "stage 0" in ok),
+           ("at least one offload config ran", any(r.label in ok for r in offload))]
+    nvme = [r for r in rows if "nvme" in r.choice.values()]
+    if nvme_ready:
+        out.append(("libaio is ready here, so the NVMe row ran", claims.every(r.label in ok for r in nvme)))
     base = ok.get("stage 0")
     first_tol, all_tol = loss_tolerance(environment)
-    if base:
-        for label, r in ok.items():
-            if label == "stage 0" or not r.result.losses:
-                continue
-            pairs = list(zip(base.result.losses, r.result.losses))
-            first = abs(pairs[0][1] - pairs[0][0]) <= first_tol * abs(pairs[0][0])
-            every = all(abs(b - a) <= all_tol * abs(a) for a, b in pairs)
-            out.append((f"{label}: losses match stage 0 (first within {first_tol:g}, all within {all_tol:g})",
-                        first and every))
-        losses = base.result.losses
-        out.append(("stage 0's loss falls", len(losses) > 1 and losses[-1] < losses[0]))
+    compared = [r for label, r in ok.items() if label != "stage 0"]
+    for r in compared:
+        out.append((f"{r.label}: losses match stage 0 (first within {first_tol:g}, all within {all_tol:g})",
+                    bool(base) and _losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
+    out.append((f"at least two ZeRO configs compared with stage 0 ({len(compared)} ran)",
+                bool(base) and len(compared) >= 2))
+    out.append(claims.loss_falls_claim("stage 0", base.result.losses if base else []))
     if environment.has_gpu:
         for plain, offloaded in (("stage 2", "stage 2 + CPU offload"), ("stage 3", "stage 3 + CPU offload")):
-            if plain in ok and offloaded in ok:
-                out.append((f"{offloaded} uses less GPU memory than {plain}",
-                            ok[offloaded].result.peak_gpu_allocated_bytes < ok[plain].result.peak_gpu_allocated_bytes))
-        for label in ("stage 0", "stage 2", "stage 3", "stage 2 + CPU offload"):
-            r = ok.get(label)
-            if r and r.estimate:
-                out.append(memory.gpu_prediction_claim(label, r.estimate.total("gpu"),
+            both = plain in ok and offloaded in ok
+            out.append((f"{offloaded} uses less GPU memory than {plain}" + ("" if both else " (one did not run)"),
+                        both and ok[offloaded].result.peak_gpu_allocated_bytes
+                        < ok[plain].result.peak_gpu_allocated_bytes))
+        for r in rows:
+            if r.label in ("stage 0", "stage 2", "stage 3", "stage 2 + CPU offload") and r.estimate:
+                out.append(memory.gpu_prediction_claim(r.label, r.estimate.total("gpu"),
                                                        r.result.peak_gpu_allocated_bytes, gpu_rtol))
     return out
+
+
+def summary(rows: list[Row], claims_held: list[claims.Claim]) -> str:
+    """Facts that read the same on a CPU and on a T4 (what notebook 05 compares with nbval)."""
+    loss_claims = [held for sentence, held in claims_held if "losses match" in sentence]
+    return "\n".join([
+        "configs: " + ", ".join(r.label for r in rows),
+        f"every config ran or explained itself: {claims.every(bench.explained(r.result) for r in rows)}",
+        f"losses agree with stage 0: {claims.every(loss_claims)}",
+        f"all checks held: {claims.every(held for _, held in claims_held)}",
+    ])
 
 
 # ---- 2 ranks: ZeRO's fractions --------------------------------------------------------------------------
@@ -163,7 +202,7 @@ def launch_note(shape: str, steps: int, world_size: int = 2) -> str:
     """How the 2-rank runs are launched, and the same for your own script from a notebook cell."""
     return (f"each config runs as:  python -m torch.distributed.run --nproc-per-node {world_size} "
             f"-m helpers.bench --worker <spec.json>\n"
-            f"the same from a terminal:  python -m helpers.bench --matrix --world-size {world_size} --shape {shape} "
+            f"the same from a terminal:  python -m helpers.matrix --world-size {world_size} --shape {shape} "
             f"--steps {steps}\n"
             f"your own script from a cell:  !deepspeed --num_gpus {world_size} train.py --deepspeed configs/zero2.json")
 
@@ -175,8 +214,7 @@ def _rank_bytes(row: Row, kind: str) -> list[int]:
 def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environment) -> Table:
     """What one rank holds with 1 rank and with 2, per config: ZeRO's fractions, measured."""
     solo = {r.label: r for r in one}
-    mib = lambda b: f"{b / 2**20:,.1f}"
-    gib = lambda b: "-" if not b else f"{b / GiB:.2f}"
+    mib, gib = units.mib, units.gib
     rows = []
     for r in two:
         s = solo.get(r.label)
@@ -190,8 +228,8 @@ def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environm
             peaks = [x.get("peak_gpu_allocated_bytes") for x in r.result.ranks]
             cells += [f"{gib(peak_one)} -> {' / '.join(gib(p) for p in peaks) or '-'}",
                       gib(r.estimate.total("gpu")) if r.estimate else "-"]
-        status = r.result.status if r.result.status == bench.OK else f"{r.result.status}: {r.result.message[:60]}"
-        loss = f"{r.result.losses[0]:.4f} -> {r.result.losses[-1]:.4f}" if r.result.losses else "-"
+        status = units.status_cell(r.result.status, r.result.message, bench.OK, 60)
+        loss = units.loss_cell(r.result.losses, 4)
         rows.append((r.label, status, *cells, loss))
     head = ["config", "status", "optimizer MiB/rank (1 -> 2 ranks)", "gradients MiB/rank", "parameters MiB/rank"]
     if environment.has_gpu:
@@ -205,8 +243,8 @@ def ranks_table(rows: list[Row]) -> Table:
     for r in rows:
         for x in r.result.ranks:
             peak = x.get("peak_gpu_allocated_bytes")
-            out.append((r.label, x.get("rank"), *(f"{(x.get(k) or 0) / 2**20:,.1f}" for k in PARTITIONED_FROM),
-                        "-" if peak is None else f"{peak / GiB:.2f}"))
+            out.append((r.label, x.get("rank"), *(units.mib(x.get(k) or 0) for k in PARTITIONED_FROM),
+                        units.gib(peak)))
     return Table(["config", "rank", "optimizer MiB", "gradients MiB", "parameters MiB", "peak GPU GiB"], out,
                  title="Per rank")
 
@@ -217,7 +255,7 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
     partitions; losses agree with stage 0 (2 ranks) and, at the first step, with 1 rank; on GPUs the
     partitioning stages use less GPU memory per rank than with 1 rank."""
     solo = {r.label: r for r in one if r.result.status == bench.OK}
-    out = [(f"all {len(two)} 2-rank runs ok", bool(two) and all(r.result.status == bench.OK for r in two))]
+    out = [(f"all {len(two)} 2-rank runs ok", claims.every(r.result.status == bench.OK for r in two))]
     first_tol, all_tol = loss_tolerance(environment)
     base = next((r for r in two if r.label == "stage 0" and r.result.status == bench.OK), None)
     for r in two:
@@ -228,16 +266,122 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
         for kind, from_stage in PARTITIONED_FROM.items():
             whole = _rank_bytes(s, kind)[0]
             expect = whole / 2 if stage >= from_stage else whole
-            held = all(abs(b - expect) <= rtol * whole for b in _rank_bytes(r, kind))
+            held = claims.every(abs(b - expect) <= rtol * whole for b in _rank_bytes(r, kind))
             out.append((f"{r.label}: {kind.replace('_bytes', '')} {'halved' if stage >= from_stage else 'whole'} "
                         f"on each of 2 ranks", held))
         out.append((f"{r.label}: first loss with 2 ranks equals 1 rank's (within {first_tol:g})",
-                     abs(r.result.losses[0] - s.result.losses[0]) <= first_tol * abs(s.result.losses[0])))
+                     claims.within(r.result.losses[0], s.result.losses[0], first_tol)))
         if base and r is not base:
             out.append((f"{r.label}: 2-rank losses match 2-rank stage 0 (within {all_tol:g})",
-                        all(abs(b - a) <= all_tol * abs(a) for a, b in zip(base.result.losses, r.result.losses))))
+                        _losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
         if environment.has_gpu and stage >= 1 and r.choice.get("offload_optimizer", "none") == "none":
             peaks = [x.get("peak_gpu_allocated_bytes") or 0 for x in r.result.ranks]
             out.append((f"{r.label}: less GPU memory per rank with 2 ranks than with 1",
                         0 < max(peaks) < s.result.peak_gpu_allocated_bytes))
     return out
+
+
+def prediction_table(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int, seq_len: int, grad_ckpt: bool = True):
+    """Predicted GPU / host / NVMe GiB of every row of the stage and offload matrix, and whether it fits."""
+    on_gpu = environment.has_gpu
+    gpu_limit = environment.vram_total_bytes if on_gpu else None
+    rows = []
+    for label, choice in CONFIGS:
+        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
+                          largest_param_numel=model.largest_param_numel)
+        est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, on_gpu=on_gpu)
+        ok = memory.fits(est, gpu_limit, environment.ram_budget_bytes, environment.disk_free_bytes)
+        rows.append((label, f"{est.total('gpu') / GiB:.2f}" if on_gpu else "-", f"{est.total('cpu') / GiB:.2f}",
+                     f"{est.total('nvme') / GiB:.2f}" if est.total("nvme") else "-",
+                     "yes" if all(ok.values()) else "no: " + ", ".join(k for k, v in ok.items() if not v)))
+    limit = f"{gpu_limit / GiB:.1f} GiB GPU, " if gpu_limit else ""
+    return Table(["config", "GPU GiB", "host GiB", "NVMe GiB", "fits here?"], rows,
+                 title=f"Predicted for {model.name} at {micro_batch} x {seq_len} ({limit}{environment.ram_budget_bytes / GB:.1f} GB RAM)")
+
+
+def _rows_option(value: str) -> list[str]:
+    """``--only``'s type: comma-separated rows of :data:`CONFIGS`."""
+    known = [label for label, _ in CONFIGS]
+    rows = [x.strip() for x in value.split(",") if x.strip()]
+    unknown = [x for x in rows if x not in known]
+    if unknown or not rows:
+        what = f"unknown matrix row(s) {', '.join(map(repr, unknown))}" if unknown else "names no matrix row"
+        raise argparse.ArgumentTypeError(f"{value!r}: {what}; choose from {', '.join(map(repr, known))}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The matrix from a terminal: every row (or ``--only`` some), a table of measured and predicted
+    bytes, and each rank's bytes. Bad options end in one line and exit status 2."""
+    from helpers import cli
+
+    parser = cli.OneLineParser(prog="python -m helpers.matrix", name="matrix",
+                               description="Run notebook 05's stage and offload matrix, each row in a subprocess.")
+    bench.add_run_options(parser)
+    parser.add_argument("--only", type=_rows_option,
+                        help="a comma-separated list of rows, e.g. 'stage 0,stage 3'")
+    args = parser.parse_args(argv)
+    bench.refuse_more_ranks_than_gpus(parser, args.world_size)
+    machine = kit_env.describe()
+    rows = run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
+                      nvme_ready=libaio.available(), labels=args.only, world_size=args.world_size, progress=False)
+    if args.json:
+        print(json.dumps([asdict(r.result) for r in rows], indent=1))
+    else:
+        print(table(rows, machine))
+        print(ranks_table(rows))
+    return 0 if all(bench.explained(r.result) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def takeaways(rows: list[Row], environment: kit_env.Environment) -> list[str]:
+    """Notebook 05's summary: what the stages and offload did on this machine, from this run."""
+    ok = {r.label: r.result for r in rows if r.result.status == bench.OK}
+    where = "GPU" if environment.has_gpu else "host RAM (no GPU: everything lives in RAM)"
+    peak = (lambda r: r.peak_gpu_allocated_bytes) if environment.has_gpu else (lambda r: r.peak_host_rss_bytes)
+    ranked = sorted((peak(r) or 0, label) for label, r in ok.items())
+    lines = []
+    if ranked:
+        (low, low_label), (high, high_label) = ranked[0], ranked[-1]
+        lines.append(f"Peak {where}: lowest {low_label} at {low / GiB:.2f} GiB, highest {high_label} at "
+                     f"{high / GiB:.2f} GiB.")
+    if "stage 2" in ok and "stage 2 + CPU offload" in ok:
+        plain, off = ok["stage 2"], ok["stage 2 + CPU offload"]
+        lines.append(f"CPU offload of stage 2 cost {off.median_step_s / plain.median_step_s:.1f}x the step time "
+                     f"({plain.median_step_s:.2f} -> {off.median_step_s:.2f} s) and moved the optimizer to RAM "
+                     f"(host RSS {plain.peak_host_rss_bytes / GiB:.1f} -> {off.peak_host_rss_bytes / GiB:.1f} GiB).")
+    if "stage 3 + NVMe offload" in ok:
+        nvme = ok["stage 3 + NVMe offload"]
+        lines.append(f"NVMe offload wrote {nvme.peak_nvme_bytes / GiB:.2f} GiB of files and took "
+                     f"{nvme.median_step_s:.2f} s a step.")
+    base = ok.get("stage 0")
+    if base and base.losses:
+        lines.append(f"Every config that ran started at loss {base.losses[0]:.3f}: ZeRO moves bytes, not the math "
+                     f"(stage 0 ended at {base.losses[-1]:.3f}).")
+    lines.append("Next: 06 · the biggest model a T4 can train, with ZeRO-3 and NVMe offload tuned to fit.")
+    return lines
+
+
+def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environment, mistakes_caught: int,
+                         mistakes: int, measured: bench.RunResult | None, micro_batch: int,
+                         seq_len: int) -> list[str]:
+    """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
+    def gpu_of(choice: dict) -> float:
+        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
+                          largest_param_numel=model.largest_param_numel)
+        est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
+        return est.total("gpu" if environment.has_gpu else "cpu") / GiB
+
+    place = "GPU" if environment.has_gpu else "host RAM (no GPU here)"
+    lines = [f"The checker caught {mistakes_caught} of {mistakes} common mistakes, each at its key with the fix.",
+             f"{model.name} ({model.n_params / 1e6:,.0f}M parameters) at {micro_batch} x {seq_len}: predicted "
+             f"{place} {gpu_of({'stage': 0}):.2f} GiB at stage 0, {gpu_of({'stage': 2}):.2f} at stage 2, "
+             f"{gpu_of({'stage': 2, 'offload_optimizer': 'cpu'}):.2f} at stage 2 with CPU offload."]
+    if measured is not None and measured.status == bench.OK:
+        peak = measured.peak_gpu_allocated_bytes if environment.has_gpu else measured.peak_host_rss_bytes
+        lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
+    lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
+    return lines

@@ -8,7 +8,10 @@ has one host-RAM model, not two.
 
 from __future__ import annotations
 
-GiB = 2**30
+from dataclasses import dataclass, field
+
+from helpers import claims
+from helpers.units import GiB
 
 
 def cpu_offload_host_bytes(n_params: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
@@ -18,9 +21,8 @@ def cpu_offload_host_bytes(n_params: int, pin_memory: bool = False, on_gpu: bool
     gradient partition, fp32 master weights and Adam's moments (about 20 bytes per parameter), plus
     2 more when offload buffers are pinned (DeepSpeed's default since 0.19.5).
     """
-    from helpers import config
-
-    ds = config.build(stage=2, offload_optimizer="cpu", trainer=False, precision="fp16", pin_memory=pin_memory)
+    ds = {"fp16": {"enabled": True},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": pin_memory}}}
     return estimate(ModelInfo.from_count(n_params), ds, on_gpu=on_gpu).total("cpu")
 
 
@@ -34,9 +36,6 @@ def cpu_offload_max_params(ram_bytes: int, pin_memory: bool = False, on_gpu: boo
 
 # ---- the estimator -------------------------------------------------------------------------------------
 
-from dataclasses import dataclass, field  # noqa: E402
-
-GB = 10**9
 #: Bytes per element of half-precision weights/activations, and the fp32 extras of mixed precision.
 HALF, FP32 = 2, 4
 #: Activation bytes per token per hidden unit of one transformer layer in half precision, without
@@ -53,7 +52,11 @@ HOST_BASE_CPU = int(0.45 * GiB)
 
 @dataclass
 class ModelInfo:
-    """What the estimator needs to know about a model; from_config counts on the meta device."""
+    """What the estimator needs to know about a model; from_config counts on the meta device.
+
+    The fields after ``name`` describe Llama/Qwen-style blocks (SwiGLU width, grouped-query KV heads,
+    tied embeddings); their defaults describe a GPT-2 block, so positional construction keeps working.
+    """
 
     n_params: int
     largest_param_numel: int
@@ -62,6 +65,14 @@ class ModelInfo:
     heads: int
     vocab: int
     name: str = ""
+    intermediate: int = 0  # MLP width (SwiGLU's gate/up width); 0: GPT-2's 4 x hidden
+    kv_heads: int = 0  # key/value heads (fewer than ``heads``: grouped-query attention); 0: as many as heads
+    tied: bool = True  # input embedding and output head share one matrix
+    family: str = "gpt2"  # the transformers model_type: "gpt2", "llama", "qwen2", ...
+
+    def __post_init__(self):
+        self.intermediate = self.intermediate or 4 * self.hidden
+        self.kv_heads = self.kv_heads or self.heads
 
     @classmethod
     def from_config(cls, config, name: str = "") -> "ModelInfo":
@@ -71,14 +82,31 @@ class ModelInfo:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         sizes = [p.numel() for p in model.parameters()]
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
         return cls(n_params=sum(sizes), largest_param_numel=max(sizes), n_layer=config.num_hidden_layers,
-                   hidden=config.hidden_size, heads=config.num_attention_heads, vocab=config.vocab_size, name=name)
+                   hidden=hidden, heads=heads, vocab=config.vocab_size, name=name, intermediate=inner,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                   tied=bool(getattr(config, "tie_word_embeddings", True)),
+                   family=getattr(config, "model_type", "") or "gpt2")
 
     @classmethod
-    def gpt2(cls, shape: str, vocab_size: int | None = None) -> "ModelInfo":
+    def for_shape(cls, shape: str, vocab_size: int | None = None) -> "ModelInfo":
+        """Any shape of helpers.models.MODEL_SHAPES (GPT-2 or Llama/Qwen-style), counted on the meta device."""
         from helpers import models
 
-        return cls.from_config(models.gpt2_config(shape, vocab_size), name=shape)
+        return cls.from_config(models.model_config(shape, vocab_size), name=shape)
+
+    #: The older name, from when every kit shape was GPT-2's: same as :meth:`for_shape`.
+    gpt2 = for_shape
+
+    @classmethod
+    def from_pretrained(cls, name_or_folder: str) -> "ModelInfo":
+        """A Hub checkpoint or a local model folder, from its config alone (AutoConfig: config.json,
+        offline for a folder), counted on the meta device: no weights are downloaded or loaded."""
+        from transformers import AutoConfig
+
+        return cls.from_config(AutoConfig.from_pretrained(name_or_folder), name=str(name_or_folder))
 
     @classmethod
     def from_count(cls, n_params: int, name: str = "") -> "ModelInfo":
@@ -117,8 +145,7 @@ def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: i
 
     Model states follow the ZeRO paper (mixed-precision Adam: 2 + 2 + 12 bytes per parameter,
     partitioned 12/N at stage 1, 14/N at stage 2, 16/N at stage 3), except that DeepSpeed's stage 1
-    partitions gradients as stage 2 does (measured on 2 GPUs; :func:`model_states_bytes_per_param`
-    keeps the paper's table). Activations follow
+    partitions gradients as stage 2 does (measured on 2 GPUs). Activations follow
     Korthikanti et al. (34 bytes per token per hidden unit and layer; with checkpointing, one
     layer's input per layer plus one layer recomputed) and the loss's logits. DeepSpeed's buffers
     come from the config's bucket sizes. The optimizer step of stages 0-2 adds temporaries the
@@ -197,53 +224,11 @@ def fits(est: Estimate, gpu_bytes: int | None, ram_bytes: int, disk_bytes: int |
     return out
 
 
-def model_states_bytes_per_param(stage: int, world_size: int) -> float:
-    """The ZeRO paper's model-state bytes per parameter per GPU for mixed-precision Adam (K = 12)."""
-    n = world_size
-    return {0: 2 + 2 + 12, 1: 2 + 2 + 12 / n, 2: 2 + (2 + 12) / n, 3: (2 + 2 + 12) / n}[stage]
-
-
-def estimate_table(est: Estimate, limits: dict[str, int | None] | None = None):
-    """Predicted GiB per place and kind, with the limits beside them."""
-    from helpers.tables import Table
-
-    kinds = ["params", "grads", "optimizer", "activations", "buffers", "step temporaries", "process", "model build"]
-    rows = []
-    for place in ("gpu", "cpu", "nvme"):
-        if place not in est.parts:
-            continue
-        cells = [f"{est.parts[place].get(k, 0) / GiB:.2f}" for k in kinds]
-        limit = (limits or {}).get(place)
-        rows.append((place, *cells, f"{est.total(place) / GiB:.2f}", "-" if limit is None else f"{limit / GiB:.1f}"))
-    return Table(["where", *kinds, "total GiB", "limit GiB"], rows, title="Predicted memory")
-
-
-def matrix_table(model: ModelInfo, environment, micro_batch: int, seq_len: int, grad_ckpt: bool = True):
-    """Predicted GPU / host / NVMe GiB of every row of the stage and offload matrix, and whether it fits."""
-    from helpers import bench, config
-    from helpers.tables import Table
-
-    on_gpu = environment.has_gpu
-    gpu_limit = environment.vram_total_bytes if on_gpu else None
-    rows = []
-    for label, choice in bench.MATRIX:
-        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                          largest_param_numel=model.largest_param_numel)
-        est = estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, on_gpu=on_gpu)
-        ok = fits(est, gpu_limit, environment.ram_budget_bytes, environment.disk_free_bytes)
-        rows.append((label, f"{est.total('gpu') / GiB:.2f}" if on_gpu else "-", f"{est.total('cpu') / GiB:.2f}",
-                     f"{est.total('nvme') / GiB:.2f}" if est.total("nvme") else "-",
-                     "yes" if all(ok.values()) else "no: " + ", ".join(k for k, v in ok.items() if not v)))
-    limit = f"{gpu_limit / GiB:.1f} GiB GPU, " if gpu_limit else ""
-    return Table(["config", "GPU GiB", "host GiB", "NVMe GiB", "fits here?"], rows,
-                 title=f"Predicted for {model.name} at {micro_batch} x {seq_len} ({limit}{environment.ram_budget_bytes / GB:.1f} GB RAM)")
-
-
 def gpu_prediction_claim(label: str, predicted: int, measured: int | None, rtol: float = 0.15) -> tuple[str, bool]:
     """(claim, held): the predicted GPU peak is within ``rtol`` of the measured one (no measurement: not held)."""
     shown = "not measured" if measured is None else f"{measured / GiB:.2f} GiB"
     return (f"{label}: predicted GPU memory within {rtol:.0%} of measured ({predicted / GiB:.2f} GiB vs {shown})",
-            measured is not None and abs(predicted - measured) <= rtol * measured)
+            claims.within(predicted, measured, rtol))
 
 
 def compare(model: ModelInfo, config: dict, result, environment, micro_batch: int, seq_len: int,

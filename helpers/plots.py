@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-GiB = 2**30
 
 
 def memory_bars(labels: list[str], measured: list[float | None], predicted: list[float | None],

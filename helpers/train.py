@@ -8,12 +8,12 @@ import gc
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from helpers import claims, dist
 from helpers import env as kit_env
 from helpers.tables import Table
+from helpers.units import GiB
 
-GiB = 2**30
 OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
 #: Largest logit difference allowed between the trained model and its reload from disk.
 RELOAD_TOL = 1e-3
@@ -40,7 +40,8 @@ class MetricsCallback(_trainer_callback_base()):
         if self.fail_at_step is not None and state.global_step >= self.fail_at_step:
             import torch
 
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+            where = "simulated on CPU" if not torch.cuda.is_available() else "simulated"
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB ({where})")
         self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -79,6 +80,10 @@ class TrainRun:
 
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.records if "loss" in r]
+
+    def losses_by_step(self) -> dict[int, float]:
+        """{step: loss} of the steps this run trained (a resumed run starts after its checkpoint)."""
+        return {r["step"]: r["loss"] for r in self.records if "loss" in r}
 
 
 def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro_batch: int, lr: float,
@@ -127,7 +132,10 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
     import torch
     from transformers import Trainer, default_data_collator
 
-    kit_env.setup_single_process_dist()
+    from helpers import deepspeed_fixes
+
+    deepspeed_fixes.apply_all()
+    dist.setup_single_process_dist()
     precision = precision or kit_env.describe().precision
     seq_len = seq_len or len(dataset[0]["input_ids"])
     callback = MetricsCallback(micro_batch * seq_len, fail_at_step=fail_at_step)
@@ -148,9 +156,77 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             return TrainRun("error", f"{type(err).__name__}: {first[:300]}", callback.records, None,
                             time.perf_counter() - start, micro_batch)
-        return TrainRun(kit_env.OUT_OF_GPU_MEMORY, f"out of GPU memory at micro batch {micro_batch}: {OOM_ADVICE}",
+        simulated = " (simulated on CPU)" if "simulated on CPU" in str(err) else ""
+        return TrainRun(kit_env.OUT_OF_GPU_MEMORY,
+                        f"out of GPU memory at micro batch {micro_batch}{simulated}: {OOM_ADVICE}",
                         callback.records, None, time.perf_counter() - start, micro_batch)
     return TrainRun("ok", "", callback.records, trainer, time.perf_counter() - start, micro_batch)
+
+
+def watch(trainer, tokens_per_step: int) -> MetricsCallback:
+    """Attach the kit's metrics callback to a Trainer the notebook built (before ``train()``)."""
+    callback = MetricsCallback(tokens_per_step)
+    callback.trainer = trainer
+    trainer.add_callback(callback)
+    return callback
+
+
+def run_of(trainer, callback: MetricsCallback, seconds: float, micro_batch: int) -> TrainRun:
+    """The :class:`TrainRun` of a Trainer the notebook trained itself, from the callback's records."""
+    return TrainRun("ok", "", callback.records, trainer, seconds, micro_batch)
+
+
+def logged_losses(trainer) -> dict[int, float]:
+    """{step: loss} from a Trainer's own log (``trainer.state.log_history``). After a resume it also
+    holds the steps restored from the checkpoint: use the resumed run's own records for those."""
+    return {int(e["step"]): float(e["loss"]) for e in trainer.state.log_history if "loss" in e}
+
+
+def resumed_like(first: dict[int, float], resumed: dict[int, float], checkpoint_step: int,
+                 rtol: float) -> tuple[bool, bool]:
+    """(the resumed run's first logged step is the one after the checkpoint, every loss it logged
+    matches the uninterrupted run's at the same step within ``rtol``)."""
+    if not resumed:
+        return False, False
+    shared = [step for step in resumed if step in first]
+    same = claims.every(claims.within(resumed[s], first[s], rtol) for s in shared)
+    return min(resumed) == checkpoint_step + 1, same
+
+
+def logit_difference(model, other, batch) -> float:
+    """The largest absolute logit difference between two models on ``batch`` (on ``model``'s device)."""
+    import torch
+
+    param = next(model.parameters())
+    other = other.to(device=param.device, dtype=param.dtype)
+    model.eval()
+    other.eval()
+    with torch.no_grad():
+        batch = batch.to(param.device)
+        a, b = model(input_ids=batch).logits.float(), other(input_ids=batch).logits.float()
+    model.train()
+    return float((a - b).abs().max())
+
+
+def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float, resumed_at: bool,
+              oom: TrainRun, config_name: str) -> list[str]:
+    """Notebook 04's summary: what this run showed, each figure from the run itself."""
+    losses = run.losses()
+    recs = run.records
+    timed = sorted(r["tokens_per_s"] for r in recs[1:]) or [0.0]
+    peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in recs), default=0)
+    peak_rss = max((r["host_rss_bytes"] for r in recs), default=0)
+    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's 15" if environment.has_gpu
+             else "no GPU here: the CPU trained in fp32")
+    simulated = " (simulated on CPU)" if "simulated" in oom.message else ""
+    return [
+        f"{config_name} through the Trainer: {len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f} "
+        f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}.",
+        f"Memory: {where}; host RSS {peak_rss / kit_env.GB:.1f} GB of free Colab's 12.7.",
+        f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
+        f"resume_from_checkpoint continued at the next step: {resumed_at}.",
+        f"Out of GPU memory{simulated} came back as advice, not a crash: {oom.message[:90]}.",
+    ]
 
 
 def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
@@ -167,7 +243,7 @@ def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
             ("peak host RSS", f"{peak_rss / kit_env.GB:.2f} GB", f"of free Colab's {t4.ram_budget_bytes / kit_env.GB:.1f} GB"),
             ("skipped (overflow) steps", recs[-1]["skipped_steps"] if recs else 0, "fp16 loss scaling backs off"),
             ("time", f"{run.seconds:.1f} s", "")]
-    return Table(["what", "value", "against"], rows, title="Training run")
+    return Table(["what", "value", "against"], rows, title=f"Training run, {environment.measured_on()}")
 
 
 def plot(run: TrainRun):
@@ -187,30 +263,18 @@ def plot(run: TrainRun):
     return fig
 
 
-def loss_fell(losses: list[float], ratio: float = 0.7, window: int = 5) -> bool:
-    """The mean of the last ``window`` losses is at most ``ratio`` times the first loss."""
-    if len(losses) < window + 1:
-        return False
-    return sum(losses[-window:]) / window <= ratio * losses[0]
-
-
 def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: TrainRun,
-           environment: kit_env.Environment) -> list[tuple[str, bool]]:
-    """The claims notebook 04 asserts, each (claim, held)."""
-    import math
-
+           environment: kit_env.Environment) -> list[claims.Claim]:
+    """The claims notebook 04 asserts, each (claim, held); each can fail on a bad run."""
     losses = run.losses()
-    first, last5 = (losses[0], sum(losses[-5:]) / 5) if len(losses) >= 5 else (float("nan"), float("nan"))
-    peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in run.records), default=0)
     return [
         ("training ran", run.status == "ok"),
-        (f"the loss fell: mean of the last 5 ({last5:.3f}) <= 0.7 x the first ({first:.3f})", loss_fell(losses)),
-        ("every loss is finite", bool(losses) and all(math.isfinite(l) for l in losses)),
+        claims.loss_falls_claim("training", losses),
         ("the reloaded model gives the same logits", logit_diff <= RELOAD_TOL),
         ("resume continued at the next step", resume[0]),
         ("resume reproduced the losses", resume[1]),
-        ("out of GPU memory was reported with advice", oom.status == kit_env.OUT_OF_GPU_MEMORY and "notebook 05" in oom.message),
-        ("peak GPU memory within a T4's 15 GiB", not environment.has_gpu or peak_gpu <= kit_env.EMULATIONS["t4"].gpu_bytes),
+        ("out of GPU memory was reported with advice", oom.status == kit_env.OUT_OF_GPU_MEMORY
+         and "notebook 05" in oom.message),
     ]
 
 
@@ -228,52 +292,6 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     model.train(was_training)
     return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
-
-
-def save_hf(run: TrainRun, folder: str | os.PathLike, tokenizer=None) -> Path:
-    """Save the trained model in Hugging Face format (consolidated; ZeRO-3 gathers 16-bit weights)."""
-    folder = Path(folder)
-    run.trainer.save_model(str(folder))
-    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(str(folder))
-    return folder
-
-
-def reload_and_compare(folder: str | os.PathLike, model, batch) -> float:
-    """Reload with from_pretrained and return the largest absolute logit difference on ``batch``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    param = next(model.parameters())
-    reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=param.dtype).to(param.device)
-    model.eval()
-    reloaded.eval()
-    with torch.no_grad():
-        batch = batch.to(param.device)
-        a, b = model(input_ids=batch).logits.float(), reloaded(input_ids=batch).logits.float()
-    model.train()
-    del reloaded
-    return float((a - b).abs().max())
-
-
-def checkpoint_at(out_dir: str | os.PathLike, step: int) -> str:
-    """The checkpoint-N folder the Trainer wrote at ``step`` (it holds the DeepSpeed checkpoint too)."""
-    path = Path(out_dir) / f"checkpoint-{step}"
-    if not path.is_dir():
-        found = ", ".join(sorted(p.name for p in Path(out_dir).glob("checkpoint-*"))) or "none"
-        raise FileNotFoundError(f"no checkpoint at step {step} in {out_dir} (found: {found})")
-    return str(path)
-
-
-def resume_matches(first: TrainRun, resumed: TrainRun, checkpoint_step: int, rtol: float) -> tuple[bool, bool]:
-    """(resumed at the next step, its losses match the uninterrupted run's within rtol)."""
-    if not resumed.records:
-        return False, False
-    at_step = resumed.records[0]["step"] == checkpoint_step + 1
-    original = {r["step"]: r["loss"] for r in first.records if "loss" in r}
-    pairs = [(original[r["step"]], r["loss"]) for r in resumed.records if "loss" in r and r["step"] in original]
-    same = bool(pairs) and all(abs(a - b) <= rtol * abs(a) for a, b in pairs)
-    return at_step, same
 
 
 @dataclass
@@ -310,7 +328,7 @@ def prepare(source: str = "auto", shape: str = "tiny", hub_model: str = "gpt2", 
         model, tokenizer, model_source = loaded.model, loaded.tokenizer, loaded.source
     else:
         tokenizer = models.ByteTokenizer()
-        model = models.build_model(models.gpt2_config(shape, vocab_size=tokenizer.vocab_size), seed=seed)
+        model = models.build_model(models.model_config(shape, vocab_size=tokenizer.vocab_size), seed=seed)
         text, data_source, model_source = data.offline_corpus(n_chars, seed=seed), "offline:generated", f"offline:{shape}"
         if source == "auto":
             notes.append("the Hugging Face Hub is not reachable here: using the offline model and corpus")

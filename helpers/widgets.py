@@ -15,8 +15,8 @@ from pathlib import Path
 
 from helpers import config, memory
 from helpers import env as kit_env
+from helpers.units import GiB
 
-GiB = 2**30
 BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
                  ("GPT-2 1.5B", "gpt2-1.5b"), ("tiny (smoke)", "tiny"), ("free parameter count", "custom")]

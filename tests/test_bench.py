@@ -24,14 +24,14 @@ def test_ok_run_reports_every_field():
     assert r.median_step_s > 0 and r.tokens_per_s > 0 and r.peak_host_rss_bytes > 100 * 2**20
     assert r.n_params == 3_382_080 and r.ranks[0]["params_bytes"] == 4 * r.n_params
     assert json.loads(json.dumps(dataclasses.asdict(r)))["status"] == "ok"
-    assert set(dataclasses.asdict(r)) == {f.name for f in dataclasses.fields(bench.RunResult)}
 
 
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
     monkeypatch.setenv(bench.FAKE_OOM_ENV, "1")
     monkeypatch.setenv(bench.LOG_ENV, str(tmp_path / "runs.jsonl"))
     r = bench.measure(spec())
-    assert r.status == bench.OOM and r.message.startswith("CUDA out of memory: tried to allocate 2.00 GiB") and r.losses == []
+    assert r.status == bench.OOM and r.losses == []
+    assert r.message.startswith("CUDA out of memory: tried to allocate 2.00 GiB (simulated on CPU)")
     logged = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [(x["shape"], x["status"]) for x in logged] == [("tiny", bench.OOM)]
 
@@ -62,7 +62,7 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
 def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[matrix.Row]:
     out = []
     for label in matrix.TWO_RANK_LABELS:
-        choice = dict(bench.MATRIX)[label]
+        choice = dict(matrix.CONFIGS)[label]
         share = 2 if (halve and ranks == 2 and choice["stage"] >= 1) else 1
         per = {"optimizer_bytes": 800 // share, "grads_bytes": 400 // share,
                "params_bytes": 400 // (share if choice["stage"] == 3 else 1), "peak_gpu_allocated_bytes": peak}
@@ -106,11 +106,11 @@ def test_command_line_prints_the_table():
 
 
 def test_command_line_matrix_with_two_ranks():
-    done = subprocess.run([sys.executable, "-m", "helpers.bench", "--matrix", "--only", "stage 0,stage 3", "--world-size", "2",
+    done = subprocess.run([sys.executable, "-m", "helpers.matrix", "--only", "stage 0,stage 3", "--world-size", "2",
                            "--shape", "tiny", "--steps", "2"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Per rank" in done.stdout and "stage 3" in done.stdout and "stage 1" not in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "helpers.bench", "--matrix", "--only", "stage 9"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "helpers.matrix", "--only", "stage 9"], capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode == 2 and "unknown matrix row" in bad.stderr
 
@@ -130,14 +130,14 @@ def test_nvme_cleanup_removes_only_deepspeeds_swap_folder(tmp_path):
 
 def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
     machine = env.describe()
-    row = lambda label, status, msg: matrix.Row(label, dict(bench.MATRIX)[label], None,
+    row = lambda label, status, msg: matrix.Row(label, dict(matrix.CONFIGS)[label], None,
                                                 bench.RunResult(label, status, msg, losses=[2.0, 1.0]), None)
     claim = "every config ran, or hit a limit, or says why it did not run (no errors)"
     fine = [row("stage 0", bench.OK, ""), row("stage 1", bench.OOM, "CUDA out of memory"),
             row("stage 3 + NVMe offload", bench.NOT_HERE, "libaio missing")]
-    assert dict(matrix.checks(fine, machine))[claim]
+    assert dict(matrix.checks(fine, machine, nvme_ready=False))[claim]
     broken = fine + [row("stage 2", bench.ERROR, "DistNetworkError: port 29500 taken")]
-    assert not dict(matrix.checks(broken, machine))[claim]
+    assert not dict(matrix.checks(broken, machine, nvme_ready=False))[claim]
 
 
 def test_matrix_plots_include_step_times_and_losses():

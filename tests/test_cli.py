@@ -75,8 +75,7 @@ BAD_BENCH = [
     (["--offload-param", "cpu"], "bench: --offload-param 'cpu': parameter offload needs --stage 3"),
     (["--offload-param", "nvme", "--stage", "1"], "bench: --offload-param 'nvme': parameter offload needs --stage 3"),
     (["--config", "missing.json"], "bench: --config 'missing.json': no such file; give a JSON file or a preset: "),
-    (["--matrix", "--only", "stage 9"], "bench: --only 'stage 9': unknown matrix row(s) 'stage 9'; choose from "),
-    (["--only", "stage 0"], "bench: --only 'stage 0': picks rows of the matrix: add --matrix"),
+    (["--only", "stage 0"], "bench: unrecognized arguments: --only stage 0"),
     (["--stage"], "bench: --stage: expected one argument"),
 ]
 
@@ -93,7 +92,6 @@ def test_bench_refuses_in_one_line_before_any_run(argv, message, capsys, no_runs
     (["--micro-batch", "0"], ["--micro-batch 0", ">= 1"]),
     (["--config", "missing.json"], ["--config 'missing.json'", "no such file", "zero2"]),
     (["--offload-param", "cpu", "--stage", "2"], ["--offload-param 'cpu'", "--stage 3"]),
-    (["--matrix", "--only", "stage 9"], ["--only 'stage 9'", "unknown matrix row"]),
     (["--no-such-option"], ["unrecognized arguments: --no-such-option"]),
 ])
 def test_bench_command_line_refuses_in_one_line(argv, named, tmp_path):
@@ -153,9 +151,21 @@ def test_bench_config_errors_on_the_command_line_are_one_line(tmp_path):
 def test_world_size_past_the_gpus_is_refused(monkeypatch, capsys, no_runs):
     one_gpu = dataclasses.replace(env.describe(), gpu_name="T4", gpu_count=1)
     monkeypatch.setattr(bench.kit_env, "describe", lambda *a, **k: one_gpu)
-    for argv in (["--world-size", "2"], ["--matrix", "--world-size", "2"]):
-        line = _refused_in_process(capsys, argv)
-        assert line.startswith("bench: --world-size 2: needs 2 GPUs, this machine has 1: use --world-size 1"), line
+    from helpers import matrix
+
+    for name, main in (("bench", bench.main), ("matrix", matrix.main)):
+        line = _refused_in_process(capsys, ["--world-size", "2"], main=main)
+        assert line.startswith(f"{name}: --world-size 2: needs 2 GPUs, this machine has 1: use --world-size 1"), line
+
+
+def test_matrix_refuses_unknown_rows_in_one_line(tmp_path, capsys, no_runs):
+    from helpers import matrix
+
+    line = _refused_in_process(capsys, ["--only", "stage 9"], main=matrix.main)
+    assert line.startswith("matrix: --only 'stage 9': unknown matrix row(s) 'stage 9'; choose from "), line
+    done, started = _command(["--only", "stage 9"], tmp_path, module=("-m", "helpers.matrix"))
+    _assert_one_line_refusal(done, "matrix", "--only 'stage 9'", "unknown matrix row")
+    assert started == []
 
 
 def _fake_measure(seen):
@@ -219,7 +229,7 @@ def test_matrix_rows_reach_the_matrix(monkeypatch, capsys):
     monkeypatch.setattr(matrix, "table", lambda rows, machine: "matrix table")
     monkeypatch.setattr(matrix, "ranks_table", lambda rows: "ranks table")
     only = "stage 0, stage 3 + CPU offload"
-    assert bench.main(["--matrix", "--only", only, "--shape", "mini", "--steps", "1", "--seq-len", "16"]) == 0
+    assert matrix.main(["--only", only, "--shape", "mini", "--steps", "1", "--seq-len", "16"]) == 0
     assert seen == {"shape": "mini", "micro_batch": 2, "seq_len": 16, "steps": 1,
                     "labels": ["stage 0", "stage 3 + CPU offload"]}
     assert capsys.readouterr().out.splitlines() == ["matrix table", "ranks table"]

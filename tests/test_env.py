@@ -6,8 +6,9 @@ import socket
 import pytest
 import torch
 
-from helpers import env
-from helpers.env import GB, GiB, GpuFacts
+from helpers import claims, colab, dist, env, machine_check
+from helpers.env import GpuFacts
+from helpers.units import GB, GiB
 
 T4 = GpuFacts(name="Tesla T4", count=1, capability=(7, 5), total_bytes=15_835_660_288, free_bytes=15_600_000_000)
 H200 = GpuFacts(name="NVIDIA H200", count=1, capability=(9, 0), total_bytes=150_754_820_096, free_bytes=150_000_000_000)
@@ -46,7 +47,7 @@ def test_bf16_rule_follows_capability(capability, bf16, precision):
 
 def test_a_real_t4_trains_in_fp16_although_torch_says_bf16_is_supported(fake_gpu):
     fake_gpu(T4)
-    machine = env.describe(emulate="none")
+    machine = (env.emulate("none"), env.describe())[1]
     assert torch.cuda.is_bf16_supported()  # the trap
     assert machine.capability == (7, 5)
     assert machine.native_bf16 is False and machine.precision == "fp16"
@@ -55,7 +56,7 @@ def test_a_real_t4_trains_in_fp16_although_torch_says_bf16_is_supported(fake_gpu
 
 def test_t4_emulation_on_a_big_gpu_caps_memory_and_picks_fp16(fake_gpu):
     calls = fake_gpu(H200)
-    machine = env.describe(emulate="t4")
+    machine = (env.emulate("t4"), env.describe())[1]
     assert machine.capability == (7, 5) and machine.real_capability == (9, 0)
     assert machine.precision == "fp16" and not machine.native_bf16
     assert machine.vram_total_bytes == 15 * GiB == machine.gpu_cap_bytes
@@ -65,7 +66,7 @@ def test_t4_emulation_on_a_big_gpu_caps_memory_and_picks_fp16(fake_gpu):
     rows = {what: (value, note) for what, value, note in machine.rows()}
     assert rows["compute capability"] == ("7.5", "emulated; the real GPU is 9.0")
     assert rows["GPU memory total"] == ("15.0 GiB", "capped at Colab T4's 15 GiB")
-    assert "Colab T4: fp16 (no native bf16)" in machine.verdict()[0]
+    assert "Colab T4: fp16 (no native bf16)" in machine_check.verdict(machine)[0]
 
 
 def test_emulation_from_the_environment_variable(clean_env):
@@ -95,8 +96,8 @@ def test_no_gpu_is_not_an_error(clean_env):
     if machine.has_gpu:
         pytest.skip("this machine has a GPU")
     assert machine.smoke and machine.precision == "fp32" and machine.gpu_count == 0
-    assert env.check_gpu_cap(machine) is None
-    assert "No GPU" in machine.verdict()[0]
+    assert machine_check.check_gpu_cap(machine) is None
+    assert "No GPU" in machine_check.verdict(machine)[0]
     assert "GPU" in str(machine) and "<table>" in machine._repr_html_()
 
 
@@ -105,31 +106,31 @@ def test_free_port_skips_a_taken_port():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        found = env.free_port(start=port)
+        found = dist.free_port(start=port)
         assert found != port and found > port
     with pytest.raises(env.KitSetupError, match="no free port"):
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
-            env.free_port(start=taken.getsockname()[1], tries=1)
+            dist.free_port(start=taken.getsockname()[1], tries=1)
 
 
 def test_single_process_dist_is_idempotent_and_keeps_a_launchers_values(clean_env):
-    first = env.setup_single_process_dist()
+    first = dist.setup_single_process_dist()
     assert set(first) == set(DIST_KEYS) and first["WORLD_SIZE"] == "1" and first["RANK"] == "0"
-    assert env.setup_single_process_dist() == first
+    assert dist.setup_single_process_dist() == first
     for key in DIST_KEYS:
         clean_env.delenv(key)
     clean_env.setenv("MASTER_PORT", "31234")
-    assert env.setup_single_process_dist()["MASTER_PORT"] == "31234"
+    assert dist.setup_single_process_dist()["MASTER_PORT"] == "31234"
 
 
 def test_dist_roundtrip_starts_and_stops_a_group(clean_env):
-    import torch.distributed as dist
+    import torch.distributed as torch_dist
 
-    before = dist.is_initialized()  # an earlier in-process Trainer may have left its group
-    assert env.dist_roundtrip() is True
-    assert dist.is_initialized() == before  # the round trip leaves the state as it found it
-    assert env.dist_roundtrip() is True  # a second time, on the same variables
+    before = torch_dist.is_initialized()  # an earlier in-process Trainer may have left its group
+    assert dist.dist_roundtrip() is True
+    assert torch_dist.is_initialized() == before  # the round trip leaves the state as it found it
+    assert dist.dist_roundtrip() is True  # a second time, on the same variables
 
 
 def test_platform_detection():
@@ -143,24 +144,24 @@ def test_missing_deepspeed_gives_the_exact_install_command(clean_env):
     import importlib
 
     real_import = importlib.import_module
-    clean_env.setattr(env, "version_of", lambda name: None if name == "deepspeed" else "1.0")
+    clean_env.setattr(colab, "version_of", lambda name: None if name == "deepspeed" else "1.0")
 
-    def fake_import(name, *args):
+    def fake_import(name, *args, **kwargs):
         if name == "deepspeed":
             raise ImportError("No module named 'deepspeed'")
-        return real_import(name, *args)
+        return real_import(name, *args, **kwargs)
 
     clean_env.setattr(importlib, "import_module", fake_import)
     command = 'pip install "deepspeed>=0.19.5,<0.20"'
-    assert env.install_command("deepspeed") == command
+    assert colab.install_command("deepspeed") == command
     machine = env.describe()
-    assert any(command in line for line in machine.verdict())
+    assert any(command in line for line in machine_check.verdict(machine))
     assert ("DeepSpeed", "missing", command) in machine.rows()
-    table = str(env.package_table(("torch", "deepspeed")))
+    table = str(machine_check.package_table(("torch", "deepspeed")))
     assert command in table and "missing" in table
-    checks = env.check_invariants(machine)
+    checks = machine_check.check_invariants(machine)
     with pytest.raises(AssertionError, match="DeepSpeed imports"):
-        env.assert_checks(checks)
+        claims.assert_all(checks)
 
 
 def test_nvcc_version_is_parsed_from_cuda_home(clean_env, tmp_path):
@@ -179,23 +180,23 @@ def test_nvidia_smi_absent_is_explained(clean_env):
 
 def test_summary_reads_the_same_on_any_machine(clean_env):
     machine = env.describe()
-    text = env.summary(machine, env.check_invariants(machine))
+    text = machine_check.summary(machine, machine_check.check_invariants(machine))
     assert text.splitlines()[0] == "all checks held: True"
-    assert "a T4 trains in: fp16 (native bf16: False)" in text
+    assert "the kit's precision computes correctly here: True" in text and "fp32" not in text
     assert machine.gpu_name is None or machine.gpu_name not in text
 
 
 def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
-    clean_env.setattr(env, "_group_started", lambda: False)  # no group of this process holds the port
+    clean_env.setattr(dist, "_group_started", lambda: False)  # no group of this process holds the port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
         clean_env.setenv("MASTER_PORT", str(busy))
-        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # accelerate sets this in a plain process: not a launcher
-        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun its port is kept
-        assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)
+        assert dist.setup_single_process_dist()["MASTER_PORT"] == str(busy)

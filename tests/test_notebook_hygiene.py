@@ -59,6 +59,8 @@ BREAKAGES = {
     "badge of another notebook": (lambda cells, nb: None, "lacks the Colab badge for its own path"),
     "edited setup cell": (lambda cells, nb: next(c for c in cells if nbtool.source(c).startswith("# Setup"))
                           .update(source=nbtool.colab.setup_cell_source() + "\nx = 1"), "differs from helpers/colab.py"),
+    "a code line over 100 characters": (lambda cells, nb: _code(cells, False).update(source="x = " + "1" * 100),
+                                        "over 100 characters"),
     "no parameters cell": (lambda cells, nb: [c["metadata"].pop("tags", None) for c in cells], "tagged 'parameters'"),
 }
 

@@ -14,18 +14,18 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, memory  # noqa: E402
+from helpers import bench, cli, config, env, matrix, memory  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from helpers.models import GPT2_SHAPES
+    from helpers.models import MODEL_SHAPES
 
     parser = cli.OneLineParser(description=__doc__, name="calibrate_memory",
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["gpt2-124m", "gpt2-355m"],
-                        type=cli.one_of(GPT2_SHAPES, "kit shapes"),
-                        help=f"model shapes to measure, of {', '.join(GPT2_SHAPES)}")
-    parser.add_argument("--rows", nargs="*", type=cli.one_of([label for label, _ in bench.MATRIX], "matrix rows"),
+                        type=cli.one_of(MODEL_SHAPES, "kit shapes"),
+                        help=f"model shapes to measure, of {', '.join(MODEL_SHAPES)}")
+    parser.add_argument("--rows", nargs="*", type=cli.one_of([label for label, _ in matrix.CONFIGS], "matrix rows"),
                         help="matrix labels to run (default: all)")
     parser.add_argument("--micro-batch", type=cli.positive_int, default=4)
     parser.add_argument("--seq-len", type=cli.whole_number(8), default=512)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     out = open(args.out, "a")
     for shape in args.shapes:
         info = memory.ModelInfo.gpt2(shape)
-        for label, choice in bench.MATRIX:
+        for label, choice in matrix.CONFIGS:
             if args.rows and label not in args.rows:
                 continue
             ds = config.build(**choice, micro_batch=args.micro_batch, trainer=False, environment=machine,

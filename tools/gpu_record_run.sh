@@ -22,7 +22,7 @@ start)
   jobs=" ${*:2} "; [ "$jobs" = "  " ] && jobs=" 05 cli 06 "
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
-  [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.bench --matrix --world-size 2 --shape gpt2-124m \
+  [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.matrix --world-size 2 --shape gpt2-124m \
     --micro-batch 4 --seq-len 512 --grad-ckpt --steps 4 --only "stage 0,stage 1,stage 2,stage 3,stage 2 + CPU offload" \
     > $W/jobcli.log 2>&1 < /dev/null &
   [[ $jobs == *" 06 "* ]] && CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
@@ -31,12 +31,12 @@ start)
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ]; do
-    running=$(pgrep -f "run_tutorial.py|helpers.bench --matrix" | wc -l)
+    running=$(pgrep -f "run_tutorial.py|helpers.matrix" | wc -l)
     [ "$running" -eq 0 ] && break
     sleep 20
     echo "[$(date +%T)] runs done: 05 $(cat $W/runs05.jsonl 2>/dev/null | wc -l), cli $(cat $W/runscli.jsonl 2>/dev/null | wc -l), 06 $(cat $W/runs06.jsonl 2>/dev/null | wc -l)"
   done
-  [ "$(pgrep -f 'run_tutorial.py|helpers.bench --matrix' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])

@@ -28,6 +28,10 @@ KNOWN_MARKERS = {"NBVAL_CHECK_OUTPUT", "NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBV
 _MARKER_LIKE = re.compile(r"^\s*#\s*(nbval\w*.*)$", re.M | re.I)
 
 
+#: The longest code line a notebook cell may hold.
+MAX_LINE = 100
+
+
 def notebook_paths(args: list[str] | None = None) -> list[Path]:
     """The notebooks named, or every notebook under notebooks/ in order."""
     if args:
@@ -74,6 +78,10 @@ def problems(path: Path) -> list[str]:
         if cell.get("cell_type") != "code":
             continue
         text, outputs = source(cell), cell.get("outputs", [])
+        long = [n for n, line in enumerate(text.splitlines(), 1) if len(line) > MAX_LINE]
+        if long:
+            out.append(f"{rel} cell {i}: line {long[0]} is over {MAX_LINE} characters (code lines stay readable "
+                       "in Colab without scrolling)")
         for found in _MARKER_LIKE.finditer(text):
             marker = found.group(1).strip()
             if marker not in KNOWN_MARKERS:

@@ -1,0 +1,216 @@
+"""Every notebook's check list fails on a bad run: the shared rules (helpers.claims), then each
+notebook's claims fed a result that should trip them (an all-out-of-memory matrix, NVMe rows that
+did not run, a loss that jumps at the last step, a run killed for RAM, an op that loads but
+computes wrongly, a wrong accelerator)."""
+
+import dataclasses
+import math
+
+import pytest
+
+from helpers import bench, claims, dist, doctor, env, infinity, machine_check, matrix, train
+
+XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
+
+
+# ---- the shared rules -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("losses", [[10.9, 9.0, 7.5, 6.1], [11.0, 11.0, 10.2, 9.9, 9.5, 9.6],
+                                    [5.4, 5.9, 4.0, 3.0, 2.0, 1.5, 1.6, 1.5, 1.4],  # an early Adam spike
+                                    [10.0, 6.0, 6.5, 5.0, 5.2, 4.9, 5.1]])
+def test_a_falling_loss_passes(losses):
+    assert claims.loss_falls(losses) and claims.loss_falls_claim("x", losses)[1]
+
+
+@pytest.mark.parametrize("losses, why", [
+    (XL_RUN, "jumps back at the last step"),
+    ([10.9, 16.7, 5.0, 4.0], "a step above the first"),
+    ([10.0, 9.0, 8.0, 11.0, 6.0, 5.0], "a step above the first after the first third"),
+    ([10.0, 10.0, 10.0, 10.0], "flat"),
+    ([10.0, 9.0, math.nan, 8.0], "not finite"),
+    ([10.0, 9.0], "too few steps to show a trend"),
+    ([], "nothing recorded"),
+    ([10.0, 4.0, 9.0, 9.5, 9.8, 9.9], "the last third is not below the first"),
+])
+def test_a_loss_that_does_not_fall_fails(losses, why):
+    assert not claims.loss_falls(losses), why
+    assert not claims.loss_falls_claim("x", losses)[1]
+
+
+def test_an_empty_comparison_is_a_failure_not_a_pass():
+    assert not claims.every([]) and not claims.every(iter(()))
+    assert claims.every([True, True]) and not claims.every([True, False])
+    assert not claims.within(None, 1.0, 0.1) and claims.within(1.05, 1.0, 0.1)
+
+
+# ---- notebook 05: the matrix ------------------------------------------------------------------------
+
+
+def _row(label, choice, status=bench.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None):
+    result = bench.RunResult(label, status, "" if status == bench.OK else f"{status} (test)", losses=list(losses),
+                             peak_gpu_allocated_bytes=gpu)
+    return matrix.Row(label, choice, None, result, None)
+
+
+def _matrix(**status):
+    return [_row(label, choice, status.get(label, bench.OK)) for label, choice in matrix.CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return env.describe()
+
+
+def failed(found):
+    return claims.failed(found)
+
+
+def test_a_good_matrix_passes(cpu):
+    assert failed(matrix.checks(_matrix(), cpu, nvme_ready=True)) == []
+
+
+def test_an_all_out_of_memory_matrix_fails(cpu):
+    rows = _matrix(**{label: bench.OOM for label, _ in matrix.CONFIGS})
+    bad = failed(matrix.checks(rows, cpu, nvme_ready=True))
+    assert "stage 0 ran (the baseline every row is compared with)" in bad
+    assert "at least one offload config ran" in bad
+    assert any(c.startswith("at least two ZeRO configs compared") for c in bad)
+    assert any(c.startswith("stage 0: the loss falls") for c in bad)
+    summary = matrix.summary(rows, matrix.checks(rows, cpu, nvme_ready=True))
+    assert "losses agree with stage 0: False" in summary and "all checks held: False" in summary
+
+
+def test_nvme_rows_that_did_not_run_fail_where_libaio_is_ready(cpu):
+    rows = _matrix(**{"stage 3 + NVMe offload": bench.NOT_HERE})
+    assert "libaio is ready here, so the NVMe row ran" in failed(matrix.checks(rows, cpu, nvme_ready=True))
+    assert failed(matrix.checks(rows, cpu, nvme_ready=False)) == []
+
+
+def test_losses_that_differ_from_stage_0_fail(cpu):
+    rows = _matrix()
+    rows[2] = _row("stage 2", {"stage": 2}, losses=(10.0, 9.0, 8.0, 7.5))
+    assert any(c.startswith("stage 2: losses match stage 0") for c in failed(matrix.checks(rows, cpu, True)))
+
+
+def test_a_stage_0_loss_that_jumps_at_the_last_step_fails(cpu):
+    rows = [_row(label, choice, losses=XL_RUN) for label, choice in matrix.CONFIGS]
+    assert any(c.startswith("stage 0: the loss falls") for c in failed(matrix.checks(rows, cpu, True)))
+
+
+def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
+    gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
+    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in matrix.CONFIGS]
+    rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=bench.OOM)
+    bad = failed(matrix.checks(rows, gpu, nvme_ready=False))
+    assert "stage 2 + CPU offload uses less GPU memory than stage 2 (one did not run)" in bad
+
+
+# ---- notebook 06: the ladder ------------------------------------------------------------------------
+
+
+def _rung(shape, method, status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
+    result = bench.RunResult(f"{shape} {method}", status, "" if status == bench.OK else f"{status} (test)",
+                             losses=list(losses) if status == bench.OK else [], steps_done=steps)
+    return infinity.Rung(shape, method, result, 1)
+
+
+def _ladder(headline_status=bench.OK, nvme_status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):
+    out = []
+    for shape in ("tiny", "gpt2-1.5b"):
+        for method, _ in infinity.METHODS:
+            if method.startswith("stage 0") and shape == "gpt2-1.5b":
+                out.append(_rung(shape, method, bench.OOM))
+            elif method == "ZeRO-3 + NVMe":
+                out.append(_rung(shape, method, headline_status if shape == "gpt2-1.5b" else nvme_status,
+                                 losses))
+            else:
+                out.append(_rung(shape, method))
+    return out
+
+
+def test_a_good_ladder_passes(cpu):
+    assert failed(infinity.checks(_ladder(), cpu, "gpt2-1.5b", nvme_ready=True)) == []
+
+
+def test_nvme_rows_all_not_here_fail_where_libaio_is_ready(cpu):
+    rungs = [r for r in _ladder(nvme_status=bench.NOT_HERE, headline_status=bench.NOT_HERE)]
+    bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=True))
+    assert any(c.startswith("libaio is ready, so ZeRO-3 + NVMe trained") for c in bad)
+
+
+def test_a_headline_killed_for_ram_fails(cpu):
+    bad = failed(infinity.checks(_ladder(headline_status=bench.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
+    assert "gpt2-1.5b trains with ZeRO-3 + NVMe inside the limits (GPU cap, RAM kill limit)" in bad
+
+
+def test_a_headline_loss_that_jumps_at_the_last_step_fails(cpu):
+    bad = failed(infinity.checks(_ladder(losses=XL_RUN), cpu, "gpt2-1.5b", nvme_ready=True))
+    assert any(c.startswith("gpt2-1.5b: the loss falls") for c in bad)
+
+
+def test_a_headline_that_fits_under_stage_0_fails(cpu):
+    rungs = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _ladder()]
+    assert "gpt2-1.5b under stage 0 runs out of GPU memory" in failed(infinity.checks(rungs, cpu, "gpt2-1.5b", True))
+
+
+def test_a_start_far_from_ln_vocab_fails(cpu):
+    rungs = _ladder(losses=(120.0, 90.0, 60.0, 40.0, 30.0, 20.0))
+    assert any(c.startswith("NVMe runs start from a normal loss") for c in failed(infinity.checks(rungs, cpu, None, True)))
+
+
+# ---- notebook 04: training ----------------------------------------------------------------------------
+
+
+def _train_run(losses):
+    records = [{"step": i + 1, "loss": x} for i, x in enumerate(losses)]
+    return train.TrainRun("ok", "", records, None, 1.0, 2)
+
+
+def test_training_checks_fail_on_a_last_step_jump_and_an_unreported_oom(cpu):
+    oom = train.TrainRun(env.OUT_OF_GPU_MEMORY, "out of GPU memory at micro batch 512: " + train.OOM_ADVICE)
+    good = train.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 3.5]), 0.0, (True, True), oom, cpu)
+    assert failed(good) == []
+    bad = failed(train.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 9.5]), 0.0, (True, True),
+                              train.TrainRun("error", "boom"), cpu))
+    assert any(c.startswith("training: the loss falls") for c in bad)
+    assert "out of GPU memory was reported with advice" in bad
+
+
+# ---- notebook 01: the machine -------------------------------------------------------------------------
+
+
+def test_machine_checks_fail_on_a_wrong_accelerator_a_bad_matmul_and_an_unwritable_folder(cpu, monkeypatch,
+                                                                                           tmp_path):
+    monkeypatch.setattr(dist, "dist_roundtrip", lambda: True)
+    assert failed(machine_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(tmp_path)))) == []
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setattr(machine_check, "_accelerator_name", lambda: "cuda")
+    monkeypatch.setattr(machine_check, "precision_error", lambda precision: 0.5)
+    found = machine_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(blocked / "sub")))
+    bad = failed(found)
+    assert len(bad) == 3, bad
+    assert "all checks held: False" in machine_check.summary(cpu, found)
+
+
+def test_the_matmul_probe_measures_precision():
+    assert machine_check.precision_error("fp32") <= machine_check.PRECISION_TOL["fp32"]
+    assert machine_check.PRECISION_TOL["fp32"] < machine_check.precision_error("bf16") <= machine_check.PRECISION_TOL["bf16"]
+
+
+# ---- notebook 02: the ops -----------------------------------------------------------------------------
+
+
+def _op(name, loads=True, works=True, why=""):
+    return doctor.OpStatus(name, "", False, True, why, loads=loads, works=works, works_error=0.0 if works else 1.0)
+
+
+def test_op_checks_fail_when_an_op_loads_but_computes_wrongly():
+    facts = doctor.gather_facts(env.describe())
+    facts = dataclasses.replace(facts, libaio=True, has_gpu=False)
+    good = [_op("cpu_adam"), _op("async_io")]
+    assert failed(doctor.checks(facts, good)) == []
+    bad = failed(doctor.checks(facts, [_op("cpu_adam", works=False), _op("async_io", loads=False)]))
+    assert len(bad) == 3, bad  # CPU Adam wrong, async_io missing, and its failed build has no reason
+    assert "all checks held: False" in doctor.summary(facts, good, doctor.checks(facts, [_op("cpu_adam", works=False)]))
