@@ -18,6 +18,17 @@ from helpers.tables import Table
 CONFIG_DIR = kit_env.REPO_ROOT / "configs"
 
 
+#: Peak Adam learning rates by model size, from GPT-3's table (Brown et al. 2020, Table 2.1): larger
+#: models need smaller rates. Below 125M parameters the kit uses 1e-3 (tiny models, few steps).
+LEARNING_RATES = ((125e6, 1e-3), (350e6, 6e-4), (760e6, 3e-4), (1.3e9, 2.5e-4), (2.7e9, 2e-4),
+                  (float("inf"), 1.6e-4))
+
+
+def learning_rate_for(n_params: int) -> float:
+    """The peak learning rate for a model of ``n_params`` parameters (see LEARNING_RATES)."""
+    return next(lr for limit, lr in LEARNING_RATES if n_params < limit)
+
+
 def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = "none", precision: str = "auto",
           micro_batch: int = 4, grad_accum: int = 1, world_size: int = 1, grad_clip: float = 1.0,
           optimizer: str = "AdamW", lr: float = 3e-4, weight_decay: float = 0.0, trainer: bool = True,

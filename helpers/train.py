@@ -163,6 +163,24 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
     return TrainRun("ok", "", callback.records, trainer, time.perf_counter() - start, micro_batch)
 
 
+def out_of_memory_demo(model, dataset, ds_config: dict, out_dir: str | os.PathLike, precision: str,
+                       lr: float, micro_batch: int = 1024) -> TrainRun:
+    """Notebook 04's out-of-memory demonstration: :func:`finetune` at a micro batch far past a T4's
+    15 GiB (the blocks repeated until one batch holds ``micro_batch`` of them; gradient checkpointing
+    off), which comes back as a status with advice. On a CPU the error is simulated at the first
+    step (there is no GPU memory to run out of), and the message says so."""
+    import torch
+    from datasets import concatenate_datasets
+
+    if not torch.cuda.is_available():
+        return finetune(model, dataset, ds_config, out_dir, steps=2, micro_batch=2, lr=lr, precision=precision,
+                        fail_at_step=0)
+    model.gradient_checkpointing_disable()
+    repeated = concatenate_datasets([dataset] * (micro_batch // max(1, len(dataset)) + 1))
+    return finetune(model, repeated, ds_config, out_dir, steps=2, micro_batch=micro_batch, lr=lr,
+                    precision=precision)
+
+
 def watch(trainer, tokens_per_step: int) -> MetricsCallback:
     """Attach the kit's metrics callback to a Trainer the notebook built (before ``train()``)."""
     callback = MetricsCallback(tokens_per_step)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import bench, env, infinity, memory
+from helpers import bench, config, env, infinity, memory
 
 XL = memory.ModelInfo.gpt2("gpt2-1.5b")
 
@@ -86,3 +86,19 @@ def test_the_budget_stops_only_the_climb_past_the_headline(monkeypatch, tmp_path
     status = {(r.shape, r.method): r.result.status for r in rungs}
     assert all(status[("mini", m)] == bench.OK for m, _ in infinity.METHODS)
     assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in infinity.METHODS)
+
+
+def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake(spec, log_path=None):
+        seen[spec.label] = spec.ds_config["scheduler"]["params"]
+        return bench.RunResult(spec.label, bench.OK, losses=[10.8, 10.0, 9.5], steps_done=3, median_step_s=1.0)
+
+    monkeypatch.setattr(bench, "measure", fake)
+    infinity.run_ladder(["tiny", "gpt2-355m"], env.describe(), 2, 64, 3, tmp_path, True, None, progress=False)
+    tiny, medium = seen["tiny ZeRO-3 + NVMe"], seen["gpt2-355m ZeRO-3 + NVMe"]
+    assert tiny["warmup_max_lr"] == 1e-3 and medium["warmup_max_lr"] == 3e-4
+    assert tiny["warmup_num_steps"] == 3 and seen["tiny stage 0 (no ZeRO)"]["warmup_max_lr"] == 1e-3
+    rates = [config.learning_rate_for(n) for n in (1e6, 2e8, 5e8, 1e9, 2e9, 3e9)]
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) == 6

@@ -61,6 +61,8 @@ BREAKAGES = {
                           .update(source=nbtool.colab.setup_cell_source() + "\nx = 1"), "differs from helpers/colab.py"),
     "a code line over 100 characters": (lambda cells, nb: _code(cells, False).update(source="x = " + "1" * 100),
                                         "over 100 characters"),
+    "widget state in the metadata": (lambda cells, nb: nb["metadata"].update(widgets={"state": {}}),
+                                     "widget state stored"),
     "no parameters cell": (lambda cells, nb: [c["metadata"].pop("tags", None) for c in cells], "tagged 'parameters'"),
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU record run of notebooks 05 and 06 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06]; bash tools/gpu_record_run.sh wait 500
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06]
+#   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 set -u
 W=/tmp/kit_gpu
@@ -20,6 +21,17 @@ start)
   # A: notebook 05 on both GPUs (1-GPU matrix, then the 2-GPU section). A2: the command line, 2 GPUs, 124M.
   # B: notebook 06's ladder on GPU 1, up to GPT-2 XL.
   jobs=" ${*:2} "; [ "$jobs" = "  " ] && jobs=" 05 cli 06 "
+  # nbval: notebooks under pytest --nbval-lax, as CI runs them but in full mode on the GPU.
+  # "nbval-a": 01-04 and 07 one after the other; "nbval-05" and "nbval-06" beside them.
+  nbval() {  # name, notebooks...
+    local name=$1; shift
+    KIT_BENCH_LOG=$W/runs_$name.jsonl KIT_OFFLOAD_DIR=/tmp/kit_nvme_$name setsid nohup python3 -m pytest -q -p no:cacheprovider \
+      --durations=0 "$@" > $W/job_$name.log 2>&1 < /dev/null &
+  }
+  [[ $jobs == *" nbval-a "* ]] && nbval a notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
+    notebooks/03_config_builder.ipynb notebooks/04_zero2_training.ipynb notebooks/07_engine_and_accelerate.ipynb
+  [[ $jobs == *" nbval-05 "* ]] && nbval 05 notebooks/05_stages_and_offload.ipynb
+  [[ $jobs == *" nbval-06 "* ]] && KIT_LADDER_MINUTES=0 nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
   [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.matrix --world-size 2 --shape gpt2-124m \
@@ -31,12 +43,12 @@ start)
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ]; do
-    running=$(pgrep -f "run_tutorial.py|helpers.matrix" | wc -l)
+    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest" | wc -l)
     [ "$running" -eq 0 ] && break
     sleep 20
-    echo "[$(date +%T)] runs done: 05 $(cat $W/runs05.jsonl 2>/dev/null | wc -l), cli $(cat $W/runscli.jsonl 2>/dev/null | wc -l), 06 $(cat $W/runs06.jsonl 2>/dev/null | wc -l)"
+    echo "[$(date +%T)] runs done:" $(for f in $W/runs*.jsonl; do [ -f $f ] && echo "$(basename $f .jsonl)=$(wc -l < $f)"; done)
   done
-  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
@@ -50,9 +62,10 @@ for f in sorted(w.glob("runs*.jsonl")):
               "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]])
 PY
   for f in $W/job05.log $W/job06.log; do [ -f $f ] && grep -v WARNING $f | tail -n 3; done
+  for f in $W/job_*.log; do [ -f $f ] && { echo "== $f"; grep -E "passed|failed|FAILED|Error|these checks failed" $f | tail -n 8; }; done
   [ -f $W/jobcli.log ] && tail -n 25 $W/jobcli.log
   if [ -n "${OUT:-}" ]; then
-    cp $W/*.jsonl $W/job*.log $OUT/ 2>/dev/null
-    (cd $W && tar czf $OUT/tutorial.tgz tutorial 2>/dev/null)
+    (cd $W && tar czf $OUT/gpu_results.tgz *.jsonl job*.log 2>/dev/null)  # one file: at most 8 come back
+    [ -d $W/tutorial ] && (cd $W && tar czf $OUT/tutorial.tgz tutorial 2>/dev/null)
   fi;;
 esac

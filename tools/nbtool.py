@@ -62,6 +62,8 @@ def problems(path: Path) -> list[str]:
     kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
     if kernel != "python3":
         out.append(f"{rel}: kernelspec is {kernel!r}, not 'python3'")
+    if "widgets" in nb.get("metadata", {}):
+        out.append(f"{rel}: widget state stored in the metadata (run: python tools/nbtool.py clear)")
     cells = nb.get("cells", [])
     if not cells or cells[0].get("cell_type") != "markdown":
         out.append(f"{rel}: the first cell must be the markdown title cell")
@@ -101,7 +103,9 @@ def problems(path: Path) -> list[str]:
 
 
 def clear(nb: dict) -> dict:
-    """Drop outputs and counts except on checked cells; drop stderr streams everywhere."""
+    """Drop outputs and counts except on checked cells; drop stderr streams everywhere; drop the
+    widget state a run leaves in the notebook's metadata (progress bars: run output, not source)."""
+    nb.get("metadata", {}).pop("widgets", None)
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
