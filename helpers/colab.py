@@ -104,13 +104,15 @@ def version_of(package: str) -> str | None:
 
 
 def install_command(package: str) -> str:
-    """The exact pip command that installs ``package`` at the kit's range (from requirements.txt)."""
-    spec = package
-    for name in ("requirements.txt",):
-        path = REPO_ROOT / name
-        if path.exists():
-            for line in path.read_text().splitlines():
-                line = line.split("#")[0].strip()
-                if re.match(rf"^{re.escape(package)}\s*([<>=!~]|$)", line, re.I):
-                    spec = line
-    return f'pip install "{spec}"'
+    """The exact pip command that installs ``package`` at the kit's range: from requirements.txt in
+    the repository, else from the installed kit's own metadata (``pip install .``)."""
+    path = REPO_ROOT / "requirements.txt"
+    try:
+        lines = path.read_text().splitlines() if path.exists() else metadata.requires("zero-kit") or []
+    except metadata.PackageNotFoundError:
+        lines = []
+    for line in lines:
+        line = line.split("#")[0].split(";")[0].strip()
+        if re.match(rf"^{re.escape(package)}\s*([<>=!~]|$)", line, re.I):
+            return f'pip install "{line}"'
+    return f'pip install "{package}"'

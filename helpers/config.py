@@ -15,7 +15,13 @@ from helpers.config_check import (OFFLOAD_DEVICES, PIN_MEMORY_MIN_RAM, PRECISION
                                   ConfigError, Problem, check)
 from helpers.tables import Table
 
-CONFIG_DIR = kit_env.REPO_ROOT / "configs"
+def _config_dir() -> Path:
+    """configs/ of the repository; after ``pip install .`` the copy installed as helpers.configs."""
+    here = kit_env.REPO_ROOT / "configs"
+    return here if here.is_dir() else Path(__file__).resolve().parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
 
 
 #: Peak Adam learning rates by model size, from GPT-3's table (Brown et al. 2020, Table 2.1): larger

@@ -1277,8 +1277,9 @@ def _hardware_problems(config: dict, zero: dict, hardware: kit_env.Environment) 
         out.append(Problem("error", "bf16.enabled", f"bf16 on {where}: no native bf16 (it needs 8.0, an Ampere "
                            "GPU or newer); a T4 would emulate it slowly or fail.",
                            'Use "fp16": {"enabled": true} and remove bf16 (build(precision="fp16")).'))
+    # pin_memory defaults to true since DeepSpeed 0.19.5: an offload section without the key is pinned.
     pinned = [k for k in ("offload_optimizer", "offload_param") if isinstance(zero.get(k), dict)
-              and zero[k].get("pin_memory")]
+              and zero[k].get("device", "none") != "none" and zero[k].get("pin_memory", True)]
     if pinned and hardware.ram_budget_bytes < PIN_MEMORY_MIN_RAM:
         out.append(Problem("warning", f"zero_optimization.{pinned[0]}.pin_memory",
                            f"pinned (page-locked) host memory with only {hardware.ram_budget_bytes / kit_env.GB:.1f} "

@@ -50,14 +50,6 @@ def chunk(ids: list[int], block_size: int) -> list[list[int]]:
     return [ids[i * block_size:(i + 1) * block_size] for i in range(n)]
 
 
-def lm_dataset(text: str, tokenizer, block_size: int):
-    """A ``datasets.Dataset`` of input_ids/labels blocks for causal LM training."""
-    from datasets import Dataset
-
-    blocks = chunk(tokenizer.encode(text), block_size)
-    return Dataset.from_dict({"input_ids": blocks, "labels": [list(b) for b in blocks]})
-
-
 def batches(text: str, tokenizer, block_size: int, micro_batch: int, steps: int, seed: int = 0):
     """``steps`` batches of shape (micro_batch, block_size) as tensors, cycling through the blocks."""
     import torch
@@ -72,21 +64,8 @@ def batches(text: str, tokenizer, block_size: int, micro_batch: int, steps: int,
     return out
 
 
-def load_hub_text(name: str = "wikitext", config: str | None = "wikitext-2-raw-v1", split: str = "train",
-                  max_chars: int = 2_000_000, fallback_chars: int = 200_000) -> tuple[str, str, str]:
-    """Text from a Hub dataset (its 'text' column), or the offline corpus when it cannot be reached.
-
-    Returns (text, source, note): note says in one sentence why the fallback was used.
-    """
-    try:
-        from datasets import load_dataset
-
-        ds = load_dataset(name, config, split=split)
-        text = "".join(row["text"] for row in ds)[:max_chars]
-        if not text.strip():
-            raise ValueError(f"dataset {name!r} has no text in its 'text' column")
-        return text, f"hub:{name}/{config}", ""
-    except Exception as err:  # offline, unknown name, no 'text' column: all end in the same fallback
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        return (offline_corpus(fallback_chars), "offline:generated",
-                f"could not load dataset {name!r} ({first}); using the generated offline corpus instead")
+def resolve_text(path: str | None, work_dir: str | os.PathLike, n_chars: int, seed: int = 0) -> str:
+    """The text file to train on: ``path`` when it exists, else the offline corpus written here."""
+    if path and Path(path).is_file():
+        return str(path)
+    return str(write_offline_text(Path(work_dir) / "train.txt", n_chars, seed=seed))

@@ -643,10 +643,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str, str]]) -> list[str]:
     """Notebook 02's summary: what was built and what is ready, each figure from this run."""
     built = [f"{s.name} {s.seconds:.0f} s ({'cached' if s.cached else 'compiled'})" for s in statuses
@@ -663,3 +659,7 @@ def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str,
         and cpu_adam.works_error is not None else "CPU Adam was not exercised.",
         "Next: 03 · config builder: these capabilities become a DeepSpeed config, checked and sized.",
     ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -67,7 +67,7 @@ def resolve_emulation(value: str | None = None) -> Emulation | None:
         valid = ", ".join(repr(k) for k in EMULATIONS)
         raise KitSetupError(
             f"unknown emulation {raw!r}: valid values are {valid} or 'none' "
-            f"(set KIT_EMULATE=t4, or pass emulate='t4')"
+            f"(set KIT_EMULATE=t4, or EMULATE = \"t4\" in a notebook's parameters: kit_env.emulate(\"t4\"))"
         )
     return EMULATIONS[key]
 

@@ -7,12 +7,10 @@ check the claims ZeRO makes. ``python -m helpers.matrix`` runs it from a termina
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from helpers import bench, claims, config, libaio, memory, units
 from helpers import env as kit_env
@@ -42,6 +40,18 @@ class Row:
     estimate: memory.Estimate | None
 
 
+def config_for(choice: dict, model: memory.ModelInfo, environment: kit_env.Environment | None,
+               micro_batch: int, world_size: int = 1, **overrides) -> dict:
+    """The engine config one row of the matrix runs (and is predicted) with: the row's stage and
+    offload, NVMe buffers that hold the model's largest parameter, optimizer sub-groups of a quarter
+    of the model (at most 1e8). Notebooks 03 and 05, the ZeRO picture and the calibration tool all
+    build their rows here, so a prediction and a run always describe the same config."""
+    settings = dict(micro_batch=micro_batch, world_size=world_size, trainer=False, environment=environment,
+                    largest_param_numel=model.largest_param_numel,
+                    sub_group_size=min(100_000_000, max(1_000_000, model.n_params // 4)))
+    return config.build(**choice, **{**settings, **overrides})
+
+
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
                world_size: int = 1, progress: bool = True) -> list[Row]:
@@ -57,9 +67,7 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
             rows.append(Row(label, choice, None, bench.RunResult(
                 label, bench.NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        ds = config.build(**choice, micro_batch=micro_batch, world_size=world_size, trainer=False,
-                          environment=environment, largest_param_numel=info.largest_param_numel,
-                          sub_group_size=min(100_000_000, max(1_000_000, info.n_params // 4)))
+        ds = config_for(choice, info, environment, micro_batch, world_size)
         spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                              grad_ckpt=grad_ckpt, label=label, world_size=world_size)
         est = memory.estimate(info, ds, world_size=world_size, micro_batch=micro_batch, seq_len=seq_len,
@@ -287,8 +295,7 @@ def prediction_table(model: memory.ModelInfo, environment: kit_env.Environment, 
     gpu_limit = environment.vram_total_bytes if on_gpu else None
     rows = []
     for label, choice in CONFIGS:
-        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                          largest_param_numel=model.largest_param_numel)
+        ds = config_for(choice, model, environment, micro_batch)
         est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, on_gpu=on_gpu)
         ok = memory.fits(est, gpu_limit, environment.ram_budget_bytes, environment.disk_free_bytes)
         rows.append((label, f"{est.total('gpu') / GiB:.2f}" if on_gpu else "-", f"{est.total('cpu') / GiB:.2f}",
@@ -333,10 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(bench.explained(r.result) for r in rows) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def takeaways(rows: list[Row], environment: kit_env.Environment) -> list[str]:
     """Notebook 05's summary: what the stages and offload did on this machine, from this run."""
     ok = {r.label: r.result for r in rows if r.result.status == bench.OK}
@@ -370,8 +373,7 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
                          seq_len: int) -> list[str]:
     """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
     def gpu_of(choice: dict) -> float:
-        ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                          largest_param_numel=model.largest_param_numel)
+        ds = config_for(choice, model, environment, micro_batch)
         est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
         return est.total("gpu" if environment.has_gpu else "cpu") / GiB
 
@@ -385,3 +387,7 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
         lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
     lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
     return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -147,7 +147,6 @@ class ByteTokenizer:
     vocab_size = 257
     eos_token_id = 256
     pad_token_id = 256
-    name_or_path = "byte-level (offline)"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -177,16 +176,6 @@ def gpt2_config(shape: str = "tiny", vocab_size: int | None = None, n_positions:
     )
 
 
-def largest_param_numel(config) -> int:
-    """The element count of the model's largest single parameter (NVMe buffers must hold it)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return max(p.numel() for p in model.parameters())
-
-
 def build_model(config, seed: int = 0):
     """A freshly initialised causal LM from a config (HF weight init), same weights for the same seed."""
     import torch
@@ -194,38 +183,6 @@ def build_model(config, seed: int = 0):
 
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
-
-
-@dataclass
-class LoadedModel:
-    """A model, its tokenizer and where they came from."""
-
-    model: object
-    tokenizer: object
-    source: str  # "hub:<name>", "folder:<path>" or "offline:<shape>"
-    note: str = ""
-
-
-def load_pretrained(name_or_path: str, fallback_shape: str = "tiny", seed: int = 0) -> LoadedModel:
-    """A pretrained model and tokenizer from the Hub or a local folder; on failure, the offline model.
-
-    The fallback is announced in ``note`` (one sentence naming what failed), never a traceback wall.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kind = "folder" if Path(name_or_path).is_dir() else "hub"
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path)
-        return LoadedModel(model, tokenizer, f"{kind}:{name_or_path}")
-    except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        tokenizer = ByteTokenizer()
-        model = build_model(model_config(fallback_shape, vocab_size=tokenizer.vocab_size), seed=seed)
-        family = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2"}[shape_family(fallback_shape)]
-        note = (f"could not load {name_or_path!r} ({first[:160]}); using the offline {fallback_shape} "
-                f"{family}-shaped model with the byte-level tokenizer instead")
-        return LoadedModel(model, tokenizer, f"offline:{fallback_shape}", note)
 
 
 def offline_tokenizer(vocab_size: int = 1024, seed: int = 0):
@@ -275,3 +232,22 @@ def hub_reachable(timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0) -> tuple[str, str]:
+    """(what ``from_pretrained`` should load, a one-line note saying why).
+
+    A local folder is used as given; a Hub name only when the Hub answers; otherwise (no name, or
+    no network: CI and the GPU machine have none) a model folder written here by
+    :func:`helpers.models.save_offline_model`, which loads exactly as a Hub checkpoint would.
+    """
+    if name and Path(name).is_dir():
+        return str(name), f"model: the local folder {name}"
+    if name and hub_reachable():
+        return str(name), f"model: {name} from the Hugging Face Hub"
+    folder = Path(work_dir) / f"offline-{shape}"
+    if not (folder / "config.json").is_file():
+        save_offline_model(folder, shape, seed=seed)
+    why = (f"{name!r} is not a folder and the Hub cannot be reached" if name
+           else "no MODEL_NAME was set")
+    return str(folder), f"model: an offline {shape_family(shape)}-shaped model ({shape}) written to {folder} ({why})"

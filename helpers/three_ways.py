@@ -10,10 +10,8 @@ the notebook's claims with the shared rules of :mod:`helpers.claims`.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from helpers import claims
 from helpers.tables import Table
@@ -47,39 +45,6 @@ def tolerance(precision: str) -> Tolerance:
     if precision not in TOLERANCES:
         raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(TOLERANCES)}")
     return TOLERANCES[precision]
-
-
-# ---- offline files: what MODEL_NAME and TEXT_FILE point at when nobody set them -------------------
-
-
-def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0) -> tuple[str, str]:
-    """(what ``from_pretrained`` should load, a one-line note saying why).
-
-    A local folder is used as given; a Hub name only when the Hub answers; otherwise (no name, or
-    no network: CI and the GPU machine have none) a model folder written here by
-    :func:`helpers.models.save_offline_model`, which loads exactly as a Hub checkpoint would.
-    """
-    from helpers import models
-
-    if name and Path(name).is_dir():
-        return str(name), f"model: the local folder {name}"
-    if name and models.hub_reachable():
-        return str(name), f"model: {name} from the Hugging Face Hub"
-    folder = Path(work_dir) / f"offline-{shape}"
-    if not (folder / "config.json").is_file():
-        models.save_offline_model(folder, shape, seed=seed)
-    why = (f"{name!r} is not a folder and the Hub cannot be reached" if name
-           else "no MODEL_NAME was set")
-    return str(folder), f"model: an offline GPT-2-shaped model ({shape}) written to {folder} ({why})"
-
-
-def resolve_text(path: str | None, work_dir: str | os.PathLike, n_chars: int, seed: int = 0) -> str:
-    """The text file to train on: ``path`` when it exists, else the offline corpus written here."""
-    from helpers import data
-
-    if path and Path(path).is_file():
-        return str(path)
-    return str(data.write_offline_text(Path(work_dir) / "train.txt", n_chars, seed=seed))
 
 
 # ---- comparisons ---------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ model states only (activations are the same for every stage and are left out her
 
 from __future__ import annotations
 
-from helpers import config, matrix, memory
+from helpers import matrix, memory
 from helpers.tables import Table
 from helpers.units import GiB
 
@@ -17,8 +17,8 @@ def model_states(model: memory.ModelInfo, world_size: int) -> dict[str, dict[str
     """{config: {place: {kind: bytes}}} for parameters, gradients and optimizer states per rank."""
     out = {}
     for label, choice in matrix.CONFIGS:
-        ds = config.build(**choice, world_size=world_size, micro_batch=1, trainer=False, precision="fp16",
-                          pin_memory=False, nvme_path="/tmp/zero_kit_offload")
+        ds = matrix.config_for(choice, model, None, 1, world_size, precision="fp16", pin_memory=False,
+                               nvme_path="/tmp/zero_kit_offload")
         est = memory.estimate(model, ds, world_size=world_size, micro_batch=1, seq_len=1, grad_ckpt=True,
                               zero_init=choice["stage"] == 3)
         out[label] = {place: {k: est.parts.get(place, {}).get(k, 0) for k in KINDS}

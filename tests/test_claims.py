@@ -111,7 +111,8 @@ def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
 
 def _rung(shape, method, status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
     result = bench.RunResult(f"{shape} {method}", status, "" if status == bench.OK else f"{status} (test)",
-                             losses=list(losses) if status == bench.OK else [], steps_done=steps)
+                             losses=list(losses) if status == bench.OK else [], steps_done=steps,
+                             peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30)
     return infinity.Rung(shape, method, result, 1)
 
 
@@ -141,7 +142,35 @@ def test_nvme_rows_all_not_here_fail_where_libaio_is_ready(cpu):
 
 def test_a_headline_killed_for_ram_fails(cpu):
     bad = failed(infinity.checks(_ladder(headline_status=bench.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
-    assert "gpt2-1.5b trains with ZeRO-3 + NVMe inside the limits (GPU cap, RAM kill limit)" in bad
+    assert "gpt2-1.5b trains with ZeRO-3 + NVMe" in bad
+
+
+def test_a_headline_that_finished_over_the_ram_budget_fails(cpu):
+    rungs = _ladder()
+    rungs[-1].result.peak_host_rss_bytes = cpu.ram_budget_bytes + 1
+    bad = failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    assert any(c.startswith("gpt2-1.5b: peak host RSS within") for c in bad), bad
+
+
+def t4(cpu):
+    return dataclasses.replace(cpu, gpu_name="NVIDIA H200", gpu_count=1, capability=(7, 5), precision="fp16",
+                               emulation=env.EMULATIONS["t4"], gpu_cap_bytes=15 * 2**30)
+
+
+def test_on_a_gpu_the_headline_must_fit_the_cap_under_emulation(cpu):
+    assert failed(infinity.checks(_ladder(), t4(cpu), "gpt2-1.5b", nvme_ready=True)) == []
+    rungs = _ladder()
+    rungs[-1].result.peak_gpu_allocated_bytes = 16 * 2**30
+    assert any("peak GPU memory within 15.0 GiB" in c for c in failed(infinity.checks(rungs, t4(cpu), "gpt2-1.5b",
+                                                                                       True)))
+    no_emulation = dataclasses.replace(t4(cpu), emulation=None)
+    assert any("T4 emulation on" in c for c in failed(infinity.checks(_ladder(), no_emulation, "gpt2-1.5b", True)))
+
+
+def test_an_all_out_of_memory_ladder_fails_even_without_libaio(cpu):
+    rungs = [_rung(r.shape, r.method, bench.OOM) for r in _ladder()]
+    bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=False))
+    assert "the smallest size (tiny) trained under stage 0 and ZeRO-2 + CPU offload" in bad
 
 
 def test_a_headline_loss_that_jumps_at_the_last_step_fails(cpu):
@@ -151,7 +180,8 @@ def test_a_headline_loss_that_jumps_at_the_last_step_fails(cpu):
 
 def test_a_headline_that_fits_under_stage_0_fails(cpu):
     rungs = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _ladder()]
-    assert "gpt2-1.5b under stage 0 runs out of GPU memory" in failed(infinity.checks(rungs, cpu, "gpt2-1.5b", True))
+    bad = failed(infinity.checks(rungs, t4(cpu), "gpt2-1.5b", True))
+    assert "gpt2-1.5b under stage 0 runs out of GPU memory" in bad
 
 
 def test_a_start_far_from_ln_vocab_fails(cpu):

@@ -1,5 +1,7 @@
 """helpers.infinity: the derived NVMe config, the disk refusal, the ladder's bookkeeping."""
 
+import dataclasses
+
 import pytest
 
 from helpers import bench, config, env, infinity, memory
@@ -64,7 +66,8 @@ def test_ladder_tries_stage_0_at_the_headline_size_after_a_smaller_failure(monke
                                 headline="gpt2-124m", progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
     assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == bench.OOM
-    claims = dict(infinity.checks(rungs, env.describe(), "gpt2-124m", nvme_ready=True))
+    gpu = dataclasses.replace(env.describe(), gpu_name="T4", gpu_count=1, capability=(7, 5), precision="fp16")
+    claims = dict(infinity.checks(rungs, gpu, "gpt2-124m", nvme_ready=True))
     assert claims["gpt2-124m under stage 0 runs out of GPU memory"]
 
 

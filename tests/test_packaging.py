@@ -2,7 +2,9 @@
 colab extra pins what requirements-colab.txt pins (and never torch, numpy or ipywidgets)."""
 
 import ast
+import os
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -54,3 +56,30 @@ def test_the_colab_extra_pins_what_requirements_colab_pins_and_keeps_colabs_own(
     extra = {re.split(r"[<>=!~\[]", d)[0].lower(): d for d in PROJECT["optional-dependencies"]["colab"]}
     assert extra == requirement_lines(ROOT / "requirements-colab.txt")
     assert not set(extra) & set(colab.KEEP_AS_IS)
+
+
+def test_pip_install_gives_a_kit_that_runs_outside_the_repository(tmp_path):
+    """`pip install .` (here into a target folder, the dependencies already installed) then, from
+    another folder: every helper module imports, the presets load, install hints keep their ranges,
+    and `python -m helpers.doctor --help` answers."""
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = ("import importlib, pkgutil, helpers\n"
+             "assert 'site' in helpers.__file__, helpers.__file__\n"
+             "for m in pkgutil.iter_modules(helpers.__path__): importlib.import_module('helpers.' + m.name)\n"
+             "from helpers import colab, config\n"
+             "print(sorted(config.presets()))\n"
+             "print(colab.install_command('deepspeed'))\n")
+    child = {**os.environ, "PYTHONPATH": str(target)}
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=child,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    presets, command = ran.stdout.strip().splitlines()[-2:]
+    assert "zero2" in presets and "zero3_nvme" in presets
+    ranges = command.removeprefix('pip install "deepspeed').rstrip('"').split(",")
+    assert command.startswith('pip install "deepspeed') and {">=0.19.5", "<0.20"} <= set(ranges)
+    doctor = subprocess.run([sys.executable, "-m", "helpers.doctor", "--help"], capture_output=True, text=True,
+                            cwd=tmp_path, env=child, timeout=300)
+    assert doctor.returncode == 0 and "ds_report" in doctor.stdout

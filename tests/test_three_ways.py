@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from helpers import claims, three_ways
+from helpers import claims, data, three_ways
 
 GOOD = [6.02, 6.03, 6.05, 5.75, 5.53, 5.30, 5.09, 4.93, 4.70, 4.47, 4.32, 4.13]  # notebook 07 on a CPU
 
@@ -236,20 +236,20 @@ def test_resolve_model_prefers_a_folder_then_the_hub_then_offline(tmp_path, monk
     written = []
     monkeypatch.setattr(models, "save_offline_model", lambda folder, shape, seed=0: written.append(folder))
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
-    name, note = three_ways.resolve_model(None, tmp_path, "tiny")
+    name, note = models.resolve_model(None, tmp_path, "tiny")
     assert name == str(tmp_path / "offline-tiny") and written and "no MODEL_NAME" in note
-    name, note = three_ways.resolve_model("HuggingFaceTB/SmolLM2-135M", tmp_path, "tiny")
+    name, note = models.resolve_model("HuggingFaceTB/SmolLM2-135M", tmp_path, "tiny")
     assert name == str(tmp_path / "offline-tiny") and "cannot be reached" in note
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)
-    assert three_ways.resolve_model("HuggingFaceTB/SmolLM2-135M", tmp_path, "tiny")[0] == "HuggingFaceTB/SmolLM2-135M"
-    assert three_ways.resolve_model(str(tmp_path), tmp_path, "tiny")[0] == str(tmp_path)
+    assert models.resolve_model("HuggingFaceTB/SmolLM2-135M", tmp_path, "tiny")[0] == "HuggingFaceTB/SmolLM2-135M"
+    assert models.resolve_model(str(tmp_path), tmp_path, "tiny")[0] == str(tmp_path)
 
 
 def test_resolve_text_keeps_a_file_and_writes_the_corpus_otherwise(tmp_path):
     mine = tmp_path / "mine.txt"
     mine.write_text("hello\n")
-    assert three_ways.resolve_text(str(mine), tmp_path, 1000) == str(mine)
-    written = three_ways.resolve_text(None, tmp_path, 1000)
+    assert data.resolve_text(str(mine), tmp_path, 1000) == str(mine)
+    written = data.resolve_text(None, tmp_path, 1000)
     assert written != str(mine) and len(open(written).read()) == 1000
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, matrix, memory  # noqa: E402
+from helpers import bench, cli, env, matrix, memory  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, choice in matrix.CONFIGS:
             if args.rows and label not in args.rows:
                 continue
-            ds = config.build(**choice, micro_batch=args.micro_batch, trainer=False, environment=machine,
-                              largest_param_numel=info.largest_param_numel)
+            ds = matrix.config_for(choice, info, machine, args.micro_batch)
             spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
                                  steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
                                  zero_init=choice["stage"] == 3 and "nvme" in choice.values())
