@@ -25,6 +25,23 @@ import pytest
 # Under CI a skipped test fails the run (tools/ci_rules.py).
 pytest_plugins = ["tools.ci_rules"]
 
+#: What a launcher sets. A test that starts DeepSpeed or a Trainer in-process sets them; a notebook
+#: kernel that inherited them would reuse a port the pytest process still holds (EADDRINUSE).
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+for key in LAUNCHER_VARIABLES:
+    os.environ.pop(key, None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _restore_environment_per_module():
+    """The same for module-scoped fixtures (a Trainer trained once for a whole test module): autouse
+    fixtures run first in their scope, so this snapshot is taken before such a fixture runs."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     """Tests that start DeepSpeed in-process set MASTER_PORT, LOCAL_WORLD_SIZE and friends (the

@@ -6,7 +6,8 @@ package never pulls in torch or DeepSpeed by itself.
 The layers, bottom first. A module imports only from layers below its own (tests/test_layers.py
 enforces it, lazy imports inside functions included), so there are no import cycles:
 
-0. units, tables, cli, colab, deepspeed_fixes, data: formatting, command lines, installs, text
+0. units, tables, cli, colab, deepspeed_fixes, data, accounting: formatting, command lines,
+   installs, text, the bytes a DeepSpeed rank holds
 1. claims, plots, models: the shared check rules, figures, model shapes and offline checkpoints
 2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
 3. dist, memory: one-process distributed setup; the memory estimator (pure arithmetic)
@@ -19,7 +20,7 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 
 #: The layers above, as data (bottom first): what tests/test_layers.py checks.
 LAYERS: list[list[str]] = [
-    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data"],
+    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data", "accounting"],
     ["claims", "plots", "models"],
     ["env", "libaio"],
     ["dist", "memory"],

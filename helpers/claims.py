@@ -25,11 +25,18 @@ def every(values: Iterable[bool]) -> bool:
     return bool(values) and all(values)
 
 
+def relative_difference(value: float, reference: float) -> float:
+    """|value - reference| / |reference| (inf when the reference is 0 and the value is not)."""
+    if value == reference:
+        return 0.0
+    return abs(value - reference) / abs(reference) if reference else math.inf
+
+
 def within(measured: float | None, expected: float | None, rtol: float) -> bool:
     """``measured`` within ``rtol`` (relative) of ``expected``; False when either is missing."""
     if measured is None or expected is None:
         return False
-    return abs(measured - expected) <= rtol * abs(expected)
+    return relative_difference(measured, expected) <= rtol
 
 
 def loss_falls(losses: Sequence[float]) -> bool:

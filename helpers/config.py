@@ -45,7 +45,8 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
           max_reuse_distance: int | None = None, sub_group_size: int = 100_000_000,
           pin_memory: bool | None = None, largest_param_numel: int | None = None, warmup_steps: int = 10,
           environment: kit_env.Environment | None = None) -> dict:
-    """A DeepSpeed config from plain choices.
+    """A DeepSpeed config from plain choices. (Long on purpose: one readable recipe, key by key, of
+    the config the kit builds; splitting it would hide which choice sets which key.)
 
     ``trainer=True`` writes "auto" where the Hugging Face Trainer fills values in from its
     TrainingArguments (batch sizes, learning rate, clipping, precision); ``trainer=False`` writes
@@ -256,7 +257,7 @@ def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
     from helpers import memory
 
     t4 = t4_profile(environment)
-    xl = memory.ModelInfo.gpt2("gpt2-1.5b")
+    xl = memory.ModelInfo.for_shape("gpt2-1.5b")
 
     def variant(change) -> dict:
         c = json.loads(json.dumps(base))

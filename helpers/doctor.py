@@ -130,7 +130,8 @@ def _major(version: str | None) -> int | None:
 
 
 def diagnose(facts: Facts) -> list[Diagnosis]:
-    """Every problem the facts show, each with its explanation and exact fix. Pure: no I/O."""
+    """Every problem the facts show, each with its explanation and exact fix. Pure: no I/O. (Long on
+    purpose: a flat list of independent rules, one block each, read top to bottom like ds_report.)"""
     out: list[Diagnosis] = []
     cc = f"{facts.capability[0]}.{facts.capability[1]}" if facts.capability else None
     if not facts.has_gpu:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from helpers import colab
 from helpers.tables import Table
+from helpers import units
 from helpers.units import GB, GiB
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +230,7 @@ class Environment:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, note) rows: the environment table."""
-        gib = lambda b: "-" if b is None else f"{b / GiB:.1f} GiB"
+        gib = lambda b: "-" if b is None else f"{units.gib(b, 1)} GiB"
         emu = self.emulation
         cap_note = f"capped at {emu.label}'s {emu.gpu_bytes / GiB:.0f} GiB" if emu and self.has_gpu else ""
         real_cc = self.real_capability

@@ -131,7 +131,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     start = time.perf_counter()
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
-        info = memory.ModelInfo.gpt2(shape)
+        info = memory.ModelInfo.for_shape(shape)
         skip = lambda status, why: rungs.append(Rung(shape, method, bench.RunResult(method, status, why), info.n_params))
         if method in stopped and not (shape == headline and choice["stage"] == 0):
             skip(bench.NOT_TRIED, "a smaller size already failed, or the time budget ran out")

@@ -59,7 +59,7 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
     ranks with gloo where there is no GPU); NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
-    info = memory.ModelInfo.gpt2(shape)
+    info = memory.ModelInfo.for_shape(shape)
     rows = []
     todo = [(label, choice) for label, choice in CONFIGS if labels is None or label in labels]
     for label, choice in tqdm(todo, desc="configs", disable=not progress):

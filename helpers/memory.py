@@ -97,9 +97,6 @@ class ModelInfo:
 
         return cls.from_config(models.model_config(shape, vocab_size), name=shape)
 
-    #: The older name, from when every kit shape was GPT-2's: same as :meth:`for_shape`.
-    gpt2 = for_shape
-
     @classmethod
     def from_pretrained(cls, name_or_folder: str) -> "ModelInfo":
         """A Hub checkpoint or a local model folder, from its config alone (AutoConfig: config.json,
@@ -141,7 +138,8 @@ def _half(config: dict) -> bool:
 
 def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: int = 4, seq_len: int = 512,
              grad_ckpt: bool = True, on_gpu: bool = True, zero_init: bool = False) -> Estimate:
-    """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
+    """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe. (Long on
+    purpose: one term per consumer of memory, in the order a step allocates them.)
 
     Model states follow the ZeRO paper (mixed-precision Adam: 2 + 2 + 12 bytes per parameter,
     partitioned 12/N at stage 1, 14/N at stage 2, 16/N at stage 3), except that DeepSpeed's stage 1

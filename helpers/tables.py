@@ -1,4 +1,5 @@
-"""Small tables that render as HTML in Jupyter and as aligned text everywhere else."""
+"""Small tables that render as HTML in Jupyter and as aligned text everywhere else, and a helper's
+source shown beside a call to it."""
 
 from __future__ import annotations
 
@@ -47,3 +48,21 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
+
+
+class Source:
+    """A helper's source code, shown beside a call to it ("show, then reuse"): the full text in
+    plain output, a collapsible block in a notebook."""
+
+    def __init__(self, obj: Any) -> None:
+        import inspect
+
+        self.name = f"{obj.__module__}.{obj.__qualname__}"
+        self.code = inspect.getsource(obj)
+
+    def __str__(self) -> str:
+        return f"# {self.name}\n{self.code}"
+
+    def _repr_html_(self) -> str:
+        return (f"<details><summary>the code behind <code>{html.escape(self.name)}</code> (click to open)"
+                f"</summary><pre style='font-size:11px'>{html.escape(self.code)}</pre></details>")

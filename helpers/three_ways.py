@@ -50,19 +50,12 @@ def tolerance(precision: str) -> Tolerance:
 # ---- comparisons ---------------------------------------------------------------------------------
 
 
-def relative_difference(value: float, reference: float) -> float:
-    """|value - reference| / |reference| (inf when the reference is 0 and the value is not)."""
-    if value == reference:
-        return 0.0
-    return abs(value - reference) / abs(reference) if reference else math.inf
-
-
 def largest_difference(losses: Sequence[float], reference: Sequence[float]) -> float | None:
     """The largest step-by-step relative difference of two loss curves (None: nothing to compare)."""
     pairs = list(zip(losses, reference))
     if not pairs:
         return None
-    return max(relative_difference(a, b) for a, b in pairs)
+    return max(claims.relative_difference(a, b) for a, b in pairs)
 
 
 def compare(losses: Mapping[str, Sequence[float]], precision: str, reference: str = "engine",
@@ -261,7 +254,7 @@ def plot(losses: Mapping[str, Sequence[float]], precision: str, reference: str =
         steps = range(1, len(values) + 1)
         left.plot(steps, list(values), label=path, **styles[i % len(styles)])
         if path != reference:
-            distance = [relative_difference(a, b) for a, b in zip(values, ref)]
+            distance = [claims.relative_difference(a, b) for a, b in zip(values, ref)]
             worst = max([worst, *[d for d in distance if math.isfinite(d)]])
             right.plot(range(1, len(distance) + 1), distance, label=path, **styles[i % len(styles)])
     left.set(xlabel="step", ylabel="loss", title="Training loss, same config three ways")

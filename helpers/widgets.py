@@ -19,7 +19,10 @@ from helpers.units import GiB
 
 BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
-                 ("GPT-2 1.5B", "gpt2-1.5b"), ("tiny (smoke)", "tiny"), ("free parameter count", "custom")]
+                 ("GPT-2 1.5B", "gpt2-1.5b"), ("SmolLM2-135M-shaped", "smollm2-135m-shaped"),
+                 ("SmolLM2-360M-shaped", "smollm2-360m-shaped"), ("Qwen2.5-0.5B-shaped", "qwen2.5-0.5b-shaped"),
+                 ("Llama-3.2-1B-shaped", "llama-3.2-1b-shaped"), ("TinyLlama-1.1B-shaped", "tinyllama-1.1b-shaped"),
+                 ("tiny (smoke)", "tiny"), ("free parameter count", "custom")]
 
 
 class ConfigForm:
@@ -87,7 +90,7 @@ class ConfigForm:
         v = self.values()
         if v["model"] == "custom":
             return memory.ModelInfo.from_count(int(v["custom_params"]), name="custom")
-        return memory.ModelInfo.gpt2(v["model"])
+        return memory.ModelInfo.for_shape(v["model"])
 
     def refresh(self, _change=None) -> None:
         v = self.values()

@@ -149,3 +149,13 @@ def test_matrix_plots_include_step_times_and_losses():
     figures = matrix.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
     titles = [f.axes[0].get_title() for f in figures]
     assert len(figures) == 3 and titles[1].startswith("Seconds per step") and "loss" in titles[2]
+
+
+def test_the_engine_loop_each_run_executes_is_shown_as_source():
+    from helpers import tables
+
+    shown = tables.Source(bench.train_steps)
+    assert str(shown).startswith("# helpers.bench.train_steps\ndef train_steps(")
+    for call in ("deepspeed.initialize(", "engine.backward(loss)", "engine.step()"):
+        assert call in shown.code
+    assert "<details>" in shown._repr_html_() and "engine.step()" in shown._repr_html_()

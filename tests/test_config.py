@@ -106,7 +106,7 @@ def test_every_preset_passes_check_and_starts_an_engine(name):
 
         # Never skipped: CI installs libaio-dev and fails when it cannot, so the NVMe row runs there.
         assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
-        info = memory.ModelInfo.gpt2("tiny")
+        info = memory.ModelInfo.for_shape("tiny")
         filled["zero_optimization"]["offload_param"]["buffer_size"] = int(1.05 * info.largest_param_numel)
         filled["zero_optimization"]["sub_group_size"] = 1_000_000
     result = bench.measure(bench.RunSpec(ds_config=filled, shape="tiny", steps=1, force_cpu=True, label=name))

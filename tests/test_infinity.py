@@ -6,7 +6,7 @@ import pytest
 
 from helpers import bench, config, env, infinity, memory
 
-XL = memory.ModelInfo.gpt2("gpt2-1.5b")
+XL = memory.ModelInfo.for_shape("gpt2-1.5b")
 
 
 def test_nvme_config_fits_the_largest_parameter_and_a_small_ram(tmp_path):

@@ -27,7 +27,7 @@ def test_model_states_follow_the_zero_paper_and_deepspeeds_stage_1(stage, n):
 
 
 def test_offload_moves_optimizer_states_to_host_or_nvme():
-    info = memory.ModelInfo.gpt2("gpt2-355m")
+    info = memory.ModelInfo.for_shape("gpt2-355m")
     cpu = memory.estimate(info, config.build(stage=2, offload_optimizer="cpu", trainer=False, precision="fp16", pin_memory=False))
     assert "optimizer" not in cpu.parts["gpu"] and cpu.parts["cpu"]["optimizer"] == 12 * info.n_params
     nvme = memory.estimate(info, config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", trainer=False,
@@ -42,7 +42,7 @@ MEASURED_GPU_GIB = {("gpt2-124m", 0): 2.88, ("gpt2-124m", 2): 2.88, ("gpt2-124m"
 
 @pytest.mark.parametrize("shape, stage", sorted(MEASURED_GPU_GIB))
 def test_gpu_prediction_within_15_percent_of_the_recorded_measurements(shape, stage):
-    info = memory.ModelInfo.gpt2(shape)
+    info = memory.ModelInfo.for_shape(shape)
     c = config.build(stage=stage, micro_batch=4, trainer=False, precision="fp16", pin_memory=False)
     predicted = memory.estimate(info, c, micro_batch=4, seq_len=512).total("gpu") / 2**30
     assert predicted == pytest.approx(MEASURED_GPU_GIB[(shape, stage)], rel=0.15)
@@ -61,7 +61,7 @@ MEASURED_2GPU_GIB = {0: 8.00, 1: 4.04, 2: 4.04, 3: 4.24}
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_two_gpu_prediction_within_15_percent_of_the_recorded_measurements(stage):
-    info = memory.ModelInfo.gpt2("gpt2-355m")
+    info = memory.ModelInfo.for_shape("gpt2-355m")
     c = config.build(stage=stage, world_size=2, micro_batch=4, trainer=False, precision="fp16", pin_memory=False)
     predicted = memory.estimate(info, c, world_size=2, micro_batch=4, seq_len=512, grad_ckpt=True).total("gpu") / 2**30
     assert predicted == pytest.approx(MEASURED_2GPU_GIB[stage], rel=0.15)

@@ -101,8 +101,8 @@ def test_gpt2_shapes_are_unchanged_and_dispatched():
     assert list(models.MODEL_SHAPES)[:len(models.GPT2_SHAPES)] == list(models.GPT2_SHAPES)
     assert set(models.MODEL_SHAPES) == set(models.GPT2_SHAPES) | set(models.LLAMA_SHAPES)
     assert models.model_config("gpt2-124m", max_positions=2048).n_positions == 2048
-    gpt2 = memory.ModelInfo.gpt2("gpt2-124m")  # the old name still works
-    assert gpt2 == memory.ModelInfo.for_shape("gpt2-124m") and gpt2.n_params == 124_439_808
+    gpt2 = memory.ModelInfo.for_shape("gpt2-124m")
+    assert gpt2.n_params == 124_439_808
     assert (gpt2.intermediate, gpt2.kv_heads, gpt2.tied, gpt2.family) == (3072, 12, True, "gpt2")
     # positional construction (tests, from_count) keeps working, with GPT-2 defaults for the new fields
     bare = memory.ModelInfo(10**6, 10, 1, 8, 1, 8)

@@ -85,3 +85,20 @@ def test_clear_keeps_only_checked_outputs():
         if after["cell_type"] == "code":
             assert after["outputs"] == before["outputs"]
             assert (after["execution_count"] is None) != nbtool.is_checked(after)
+
+
+def test_notebooks_call_only_public_helper_names():
+    """A notebook is a user's view of the kit: it calls what the helpers offer, never ``_private``."""
+    import re
+
+    import helpers
+
+    modules = {name for layer in helpers.LAYERS for name in layer}
+    aliases = modules | {"kit_env", "kit_config", "kit_claims"}
+    found = []
+    for path in sorted(nbtool.NOTEBOOKS.glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                found += [f"{path.name}: {m.group(0)}" for m in re.finditer(r"\b(\w+)\._\w+", nbtool.source(cell))
+                          if m.group(1) in aliases]
+    assert found == []

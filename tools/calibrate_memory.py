@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = env.describe()
     out = open(args.out, "a")
     for shape in args.shapes:
-        info = memory.ModelInfo.gpt2(shape)
+        info = memory.ModelInfo.for_shape(shape)
         for label, choice in matrix.CONFIGS:
             if args.rows and label not in args.rows:
                 continue
