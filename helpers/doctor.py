@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from helpers import claims
 from helpers import env as kit_env
 from helpers import libaio
 from helpers import memory
@@ -518,7 +519,7 @@ def checks(facts: Facts, statuses: list[OpStatus]) -> list[tuple[str, bool]]:
         out.append(("FusedAdam (fp16/bf16 training on the GPU) builds and loads",
                     bool(ops.get("fused_adam") and ops["fused_adam"].loads)))
     failed = [s for s in statuses if s.loads is False]
-    out.append((f"every failed build carries a reason ({len(failed)} failed)", all(s.why for s in failed)))
+    out.append((f"every failed build carries a reason ({len(failed) or 'none'} failed)", all(s.why for s in failed)))
     return out
 
 
@@ -545,7 +546,7 @@ def summary(facts: Facts, statuses: list[OpStatus], claims_held: list[tuple[str,
     return "\n".join([
         f"cpu_adam loads and steps like AdamW: {bool(ops.get('cpu_adam') and ops['cpu_adam'].works)}",
         f"async_io works wherever libaio is installed: {not facts.libaio or bool(aio and aio.works)}",
-        f"all checks held: {bool(claims_held) and all(held for _, held in claims_held)}",
+        f"all checks held: {claims.every(held for _, held in claims_held)}",
     ])
 
 

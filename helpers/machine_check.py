@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from helpers import colab, dist, memory
+from helpers import claims, colab, dist, memory
 from helpers.env import Environment
 from helpers.tables import Table
 from helpers.units import GB, GiB
@@ -114,11 +114,10 @@ def summary(environment: Environment, checks: list[tuple[str, bool]]) -> str:
     """Facts that read the same on a CPU and on a T4: what notebook 01 compares with nbval. Each line
     is a measured check's outcome, not a constant."""
     def held(start: str) -> bool:
-        found = [ok for claim, ok in checks if claim.startswith(start)]
-        return bool(found) and all(found)
+        return claims.every(ok for claim, ok in checks if claim.startswith(start))
 
     lines = {
-        "all checks held": bool(checks) and all(ok for _, ok in checks),
+        "all checks held": claims.every(ok for _, ok in checks),
         "DeepSpeed imports": held("DeepSpeed imports"),
         "DeepSpeed's accelerator matches torch's device": held("DeepSpeed's accelerator"),
         "the kit's precision computes correctly here": held(f"a {environment.precision} matmul"),

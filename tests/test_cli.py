@@ -100,6 +100,11 @@ def test_bench_command_line_refuses_in_one_line(argv, named, tmp_path):
     assert started == []
 
 
+def _python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh Python from the repository root."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
 def test_cheap_refusals_import_neither_torch_nor_deepspeed():
     code = ("import sys\nfrom helpers import bench\n"
             "for argv in (['--stage', '5'], ['--shape', 'x'], ['--micro-batch', '0'], ['--config', 'missing.json'],\n"
@@ -107,7 +112,7 @@ def test_cheap_refusals_import_neither_torch_nor_deepspeed():
             "    try:\n        bench.main(argv)\n    except SystemExit as e:\n        assert e.code == 2, e.code\n"
             "    else:\n        raise AssertionError(argv)\n"
             "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = _python(code, timeout=120)
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert len(done.stderr.splitlines()) == 5
@@ -210,7 +215,7 @@ def test_json_from_a_preset_config_is_clean_json(tmp_path):
             "    return bench.RunResult(label='fake', status=bench.OK, n_params=spec.ds_config['train_batch_size'])\n"
             "bench.measure = fake\n"
             "sys.exit(bench.main(['--config', 'zero2', '--micro-batch', '3', '--json']))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = _python(code)
     assert done.returncode == 0, done.stderr[-1500:]
     result = json.loads(done.stdout)
     assert (result["label"], result["status"], result["n_params"]) == ("fake", "ok", 3) and done.stderr == ""
