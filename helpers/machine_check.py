@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from helpers import claims, colab, dist, memory
+from helpers import verdict as fit
 from helpers.env import Environment
 from helpers.tables import Table
 from helpers.units import GB, GiB
@@ -140,10 +141,12 @@ def verdict(environment: Environment) -> list[str]:
         bf16 = "native bf16" if environment.native_bf16 else "no native bf16"
         ready = "ZeRO 1-3 and CPU offload ready" if environment.deepspeed_version else "DeepSpeed missing"
         lines.append(f"{label}: {environment.precision} ({bf16}), {ready}.")
-    limit = memory.cpu_offload_max_params(environment.ram_budget_bytes)
+    fits, tight = cpu_offload_limits(environment.ram_budget_bytes)
     lines.append(
-        f"{environment.ram_budget_bytes / GB:.1f} GB of RAM limits ZeRO-2 CPU offload to about "
-        f"{limit / 1e6:,.0f}M parameters (notebook 06 goes further with NVMe offload)."
+        f"{environment.ram_budget_bytes / GB:.1f} GB of RAM: ZeRO-2 CPU offload {fit.FITS} up to "
+        f"about {fits / 1e6:,.0f}M parameters, is {fit.TIGHT} up to {tight / 1e6:,.0f}M (within "
+        f"{fit.MARGIN:.0%} of the budget) and {fit.NO_FIT} beyond (notebook 06 goes further with "
+        "NVMe offload; `python -m helpers.sizing --model <name>` sizes any model)."
     )
     if environment.gpu_count > 1:
         lines.append(
@@ -159,11 +162,18 @@ def verdict(environment: Environment) -> list[str]:
     return lines
 
 
+def cpu_offload_limits(ram_bytes: int) -> tuple[int, int]:
+    """(largest parameter count whose ZeRO-2 CPU-offload run "fits", largest that is only "tight")
+    in ``ram_bytes`` of host RAM: the estimator's host figure against the three-way verdict."""
+    return (memory.cpu_offload_max_params(int((1 - fit.MARGIN) * ram_bytes)),
+            memory.cpu_offload_max_params(ram_bytes))
+
+
 def takeaways(environment: Environment, checks: list[tuple[str, bool]]) -> list[str]:
     """Notebook 01's summary: what this machine showed, each figure from this run."""
     device = environment.gpu_name or "no GPU (the CPU)"
     emulated = f", emulating a {environment.emulation.label}" if environment.emulation else ""
-    limit = memory.cpu_offload_max_params(environment.ram_budget_bytes)
+    limit, _ = cpu_offload_limits(environment.ram_budget_bytes)
     matmul = next((claim for claim, _ in checks if " matmul " in claim), "")
     return [
         f"This machine: {device}{emulated}; the kit trains in {environment.precision} here ({matmul}).",

@@ -1,6 +1,9 @@
 """Memory: how many bytes a ZeRO setup needs on the GPU, in host RAM and on NVMe.
 
-:func:`estimate` predicts every place and kind; :func:`cpu_offload_host_bytes` and
+:func:`estimate` predicts every place and kind at each place's peak, and when in the step the
+peak falls; helpers.verdict turns a figure into "fits" / "tight" / "does not fit";
+helpers.measurements checks the estimate against stored runs (the validation half);
+``python -m helpers.sizing`` sizes any model. :func:`cpu_offload_host_bytes` and
 :func:`cpu_offload_max_params` answer the question notebook 01's verdict asks ("how large a
 model can ZeRO-2 with CPU offload train in this much RAM?") with the same estimate, so the kit
 has one host-RAM model, not two.
@@ -17,45 +20,140 @@ from helpers.units import GiB
 def cpu_offload_host_bytes(n_params: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
     """Predicted peak host RSS of ZeRO-2 with CPU optimizer offload for ``n_params`` parameters.
 
-    :func:`estimate`'s host total: process base, the fp32 model as first built, the fp32
-    gradient partition, fp32 master weights and Adam's moments (about 20 bytes per parameter), plus
-    2 more when offload buffers are pinned (DeepSpeed's default since 0.19.5).
+    :func:`estimate`'s host total: process base, what stays of the fp32 model as first built
+    (1.5 bytes per parameter), the fp32 gradient partition, fp32 master weights and Adam's moments
+    (16), plus 6 more when offload buffers are pinned (DeepSpeed's default since 0.19.5).
     """
-    ds = {"fp16": {"enabled": True},
-          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": pin_memory}}}
+    ds = {
+        "fp16": {"enabled": True},
+        "zero_optimization": {
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu", "pin_memory": pin_memory},
+        },
+    }
     return estimate(ModelInfo.from_count(n_params), ds, on_gpu=on_gpu).total("cpu")
 
 
 def cpu_offload_max_params(ram_bytes: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
-    """The largest parameter count whose ZeRO-2 CPU-offload run fits in ``ram_bytes`` of host RAM."""
+    """The largest parameter count whose ZeRO-2 CPU-offload run fits in ``ram_bytes`` of RAM."""
     low, high = (cpu_offload_host_bytes(n, pin_memory, on_gpu) for n in (10**9, 2 * 10**9))
     per_param = (high - low) / 10**9  # the host estimate is linear in the parameter count
     base = low - per_param * 10**9
     return max(0, int((ram_bytes - base) / per_param))
 
 
-# ---- the estimator -------------------------------------------------------------------------------------
+# ---- the estimator -------------------------------------------------------------------------------
 
 #: Bytes per element of half-precision weights/activations, and the fp32 extras of mixed precision.
 HALF, FP32 = 2, 4
-#: Activation bytes per token per hidden unit of one transformer layer in half precision, without
-#: checkpointing (Korthikanti et al. 2022: 34 s b h, attention scores left out since PyTorch's SDPA
-#: kernels do not store them). Checked against the GPU measurements in GPU_RUNS.md.
-LAYER_ACT_BYTES_PER_TOKEN_HIDDEN = 34
-#: Bytes per logit at the loss: fp16 logits, their fp32 upcast in the loss, and both gradients.
-LOGIT_BYTES = HALF + FP32 + FP32 + HALF
+#: Bytes per logit at the loss's peak (the start of backward): transformers' loss upcasts the logits
+#: to fp32; log_softmax keeps its fp32 output, and backward adds its fp32 gradient and the gradient
+#: of log_softmax's input. (The 774M stage-3 run ran out asking for exactly one fp32 logits tensor.)
+LOGIT_BYTES = 3 * FP32
 #: Host RSS of a process that imported torch and DeepSpeed, before any model: CUDA context and
-#: libraries on a GPU machine, libraries only on a CPU one.
-HOST_BASE_GPU = int(2.1 * GiB)
+#: libraries on a GPU machine, libraries only on a CPU one (fitted on the plain stages' host RSS,
+#: GPT-2 124M and 355M, GPU_RUNS.md runs 2, 6 and 10).
+HOST_BASE_GPU = int(1.82 * GiB)
 HOST_BASE_CPU = int(0.45 * GiB)
+#: What stays of the fp32 model built on the host before ``deepspeed.initialize`` moved it away
+#: (bytes per parameter; the allocator does not hand all of it back). Same fit as HOST_BASE_GPU.
+HOST_BUILD_BYTES = 1.5
+#: Pinned offload buffers, bytes per parameter (DESIGN.md's 355M and 1.56B pinned ZeRO-2 runs).
+HOST_PINNED_BYTES = 6
+#: ZeRO-3 with offload: ``has_overflow`` scans the flat fp16 gradient buffer on the host with
+#: ``torch.isinf``/``isnan``: a transient of about 3 bytes per parameter inside ``engine.step()``.
+HOST_OVERFLOW_BYTES = 3
+
+
+def layer_activation_bytes(model: "ModelInfo", tokens: int, w: int = HALF) -> int:
+    """Bytes one transformer layer keeps for backward without checkpointing (``w``: bytes of an
+    activation element), counted from what autograd saves with PyTorch's SDPA (flash) attention,
+    which keeps q, k, v, its output and a per-head fp32 log-sum-exp, never the s x s scores.
+
+    GPT-2: two LayerNorms (input and output each, 2 x 2h), the fused q/k/v projection (3h),
+    attention output and its reshaped copy (2h), the MLP's input to ``gelu_new`` and the four
+    tensors its Python formula keeps (tanh, 0.5x, 1 + tanh, output): 5 x intermediate.
+    Llama/Qwen: RMSNorm upcasts to fp32 and keeps the fp32 input, the cast-back and its output
+    (twice), q, k and v after rotary (h + 2 kv: grouped-query attention keeps fewer k/v heads),
+    attention output and its copy (2h), SwiGLU's gate, up, SiLU output and product: 4 x
+    intermediate."""
+    h, inter = model.hidden, model.intermediate
+    kv = h * model.kv_heads // model.heads
+    lse = FP32 * model.heads
+    if model.family == "gpt2":
+        per_token = w * (9 * h + 5 * inter) + lse
+    else:
+        norm = (FP32 + 2 * w) * h
+        per_token = 2 * norm + w * (5 * h + 2 * kv) + w * 4 * inter + lse
+    return int(per_token * tokens)
+
+
+def activation_bytes(
+    model: "ModelInfo", tokens: int, grad_ckpt: bool, w: int = HALF
+) -> dict[str, int]:
+    """Activation bytes at the two moments that can set the peak, by kind.
+
+    ``"start of backward"``: every layer's saved tensors (with checkpointing: each layer's input
+    only) plus the loss's logits (:data:`LOGIT_BYTES`); with checkpointing the recomputed layer
+    comes after the logits' buffers are freed, so the larger of the two counts.
+    ``"end of backward"``: what remains while the last gradients are made (checkpointed inputs
+    and one layer)."""
+    layer = layer_activation_bytes(model, tokens, w)
+    logits = tokens * model.vocab * LOGIT_BYTES
+    head = tokens * model.hidden * (2 * w if model.family == "gpt2" else FP32 + 2 * w)
+    if grad_ckpt:
+        inputs = model.n_layer * tokens * model.hidden * w
+        return {
+            "start of backward": inputs + head + max(logits, layer),
+            "end of backward": inputs + layer,
+        }
+    return {"start of backward": model.n_layer * layer + head + logits, "end of backward": layer}
+
+
+def model_states(
+    model: "ModelInfo", config: dict, world_size: int = 1
+) -> dict[str, dict[str, int]]:
+    """The ZeRO paper's model states per place and kind (params, grads, optimizer), as a rank holds
+    them during a step: mixed-precision Adam's 2 + 2 + 12 bytes per parameter, partitioned 12/N at
+    stage 1, 14/N at stage 2, 16/N at stage 3, except that DeepSpeed's stage 1 partitions gradients
+    as stage 2 does (measured on 2 GPUs). Offloaded states are on "cpu" or "nvme"; an offloaded
+    optimizer reads an fp32 gradient partition on the host."""
+    zero = _zero(config)
+    stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
+    half = _half(config)
+    w = HALF if half else FP32
+    master = FP32 if (half or stage >= 1) else 0
+    host_opt, host_par = (
+        _offload(zero, "offload_optimizer"),
+        _offload(zero, "offload_param") if stage == 3 else None,
+    )
+    out: dict[str, dict[str, int]] = {}
+
+    def put(place: str, kind: str, nbytes: float) -> None:
+        if nbytes:
+            out.setdefault(place, {})[kind] = out.get(place, {}).get(kind, 0) + int(nbytes)
+
+    put(host_par or "gpu", "params", p * w / (n if stage == 3 else 1))
+    if host_opt:
+        # the fp32 gradient partition the offloaded optimizer reads (swapped out with it to NVMe)
+        put(host_opt, "grads", p * FP32 / n)
+    else:
+        put("gpu", "grads", p * w / (n if stage >= 1 else 1))
+    put(host_opt or "gpu", "optimizer", p * (8 + master) / (n if stage >= 1 else 1))
+    return out
+
+
+def _offload(zero: dict, key: str) -> str | None:
+    return {"cpu": "cpu", "nvme": "nvme"}.get((zero.get(key) or {}).get("device", "none"))
 
 
 @dataclass
 class ModelInfo:
     """What the estimator needs to know about a model; from_config counts on the meta device.
 
-    The fields after ``name`` describe Llama/Qwen-style blocks (SwiGLU width, grouped-query KV heads,
-    tied embeddings); their defaults describe a GPT-2 block, so positional construction keeps working.
+    The fields after ``name`` describe Llama/Qwen-style blocks (SwiGLU width, grouped-query KV
+    heads, tied embeddings); their defaults describe a GPT-2 block, so positional construction
+    keeps working.
     """
 
     n_params: int
@@ -66,7 +164,9 @@ class ModelInfo:
     vocab: int
     name: str = ""
     intermediate: int = 0  # MLP width (SwiGLU's gate/up width); 0: GPT-2's 4 x hidden
-    kv_heads: int = 0  # key/value heads (fewer than ``heads``: grouped-query attention); 0: as many as heads
+    kv_heads: int = (
+        0  # key/value heads (fewer than ``heads``: grouped-query attention); 0: as many as heads
+    )
     tied: bool = True  # input embedding and output head share one matrix
     family: str = "gpt2"  # the transformers model_type: "gpt2", "llama", "qwen2", ...
 
@@ -83,16 +183,29 @@ class ModelInfo:
             model = AutoModelForCausalLM.from_config(config)
         sizes = [p.numel() for p in model.parameters()]
         hidden, heads = config.hidden_size, config.num_attention_heads
-        inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
-        return cls(n_params=sum(sizes), largest_param_numel=max(sizes), n_layer=config.num_hidden_layers,
-                   hidden=hidden, heads=heads, vocab=config.vocab_size, name=name, intermediate=inner,
-                   kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                   tied=bool(getattr(config, "tie_word_embeddings", True)),
-                   family=getattr(config, "model_type", "") or "gpt2")
+        inner = (
+            getattr(config, "intermediate_size", None)
+            or getattr(config, "n_inner", None)
+            or 4 * hidden
+        )
+        return cls(
+            n_params=sum(sizes),
+            largest_param_numel=max(sizes),
+            n_layer=config.num_hidden_layers,
+            hidden=hidden,
+            heads=heads,
+            vocab=config.vocab_size,
+            name=name,
+            intermediate=inner,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            tied=bool(getattr(config, "tie_word_embeddings", True)),
+            family=getattr(config, "model_type", "") or "gpt2",
+        )
 
     @classmethod
     def for_shape(cls, shape: str, vocab_size: int | None = None) -> "ModelInfo":
-        """Any shape of helpers.models.MODEL_SHAPES (GPT-2 or Llama/Qwen-style), counted on the meta device."""
+        """Any shape of helpers.models.MODEL_SHAPES (GPT-2 or Llama/Qwen-style), counted on the
+        meta device."""
         from helpers import models
 
         return cls.from_config(models.model_config(shape, vocab_size), name=shape)
@@ -107,17 +220,28 @@ class ModelInfo:
 
     @classmethod
     def from_count(cls, n_params: int, name: str = "") -> "ModelInfo":
-        """A GPT-2-like shape for a bare parameter count (width from 12 h^2 per layer, 48 layers max)."""
+        """A GPT-2-like shape for a bare parameter count (width from 12 h^2 per layer, 48 layers
+        max)."""
         layers = 12 if n_params < 2e8 else 24 if n_params < 5e8 else 36 if n_params < 1e9 else 48
         hidden = int(((n_params - 50257 * 1024) / (12 * layers)) ** 0.5 // 64 * 64) or 64
-        return cls(n_params, max(50257 * hidden, 4 * hidden * hidden), layers, hidden, max(1, hidden // 64), 50257, name)
+        return cls(
+            n_params,
+            max(50257 * hidden, 4 * hidden * hidden),
+            layers,
+            hidden,
+            max(1, hidden // 64),
+            50257,
+            name,
+        )
 
 
 @dataclass
 class Estimate:
-    """Predicted bytes per place (gpu, cpu, nvme) and kind (params, grads, optimizer, activations, buffers)."""
+    """Predicted bytes per place (gpu, cpu, nvme) and kind (params, grads, optimizer, activations,
+    buffers, ...) at each place's peak, and when in the step that peak falls (``phase``)."""
 
     parts: dict[str, dict[str, int]] = field(default_factory=dict)
+    phase: dict[str, str] = field(default_factory=dict)
 
     def total(self, place: str) -> int:
         return sum(self.parts.get(place, {}).values())
@@ -136,105 +260,172 @@ def _half(config: dict) -> bool:
     return any((config.get(k) or {}).get("enabled") not in (False, None) for k in ("fp16", "bf16"))
 
 
-def estimate(model: ModelInfo, config: dict, world_size: int = 1, micro_batch: int = 4, seq_len: int = 512,
-             grad_ckpt: bool = True, on_gpu: bool = True, zero_init: bool = False) -> Estimate:
-    """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe. (Long on
-    purpose: one term per consumer of memory, in the order a step allocates them.)
+def _gpu_phases(
+    model: ModelInfo,
+    config: dict,
+    states: dict,
+    world_size: int,
+    micro_batch: int,
+    seq_len: int,
+    grad_ckpt: bool,
+    w: int,
+) -> dict[str, dict[str, int]]:
+    """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`)."""
+    zero = _zero(config)
+    stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
+    on = states.get("gpu", {})
+    # gradients appear during backward, except stage 3's fp16 partition, which persists between
+    # steps (GPT-2 774M at stage 3 ran out with 13.21 GiB in use: its 1.44 GiB of fp16 gradients
+    # are needed to account for it)
+    resident = {k: v for k, v in on.items() if k != "grads" or stage == 3}
+    if stage in (1, 2):
+        resident["buffers"] = int(zero.get("reduce_bucket_size", 5e8)) * w
+    elif stage == 3:
+        buckets = int(zero.get("reduce_bucket_size", 5e8)) + int(
+            zero.get("stage3_prefetch_bucket_size", 5e7)
+        )
+        resident["buffers"] = buckets * w
+        # gathered (live) parameters: at most stage3_max_live_parameters plus one prefetch bucket
+        live = int(zero.get("stage3_max_live_parameters", 1e9)) + int(
+            zero.get("stage3_prefetch_bucket_size", 5e7)
+        )
+        if _offload(zero, "offload_param"):
+            live = min(
+                live,
+                2 * model.largest_param_numel + int(zero.get("stage3_prefetch_bucket_size", 5e7)),
+            )
+        resident["gathered params"] = min(p, live) * w
+    acts = activation_bytes(model, micro_batch * seq_len, grad_ckpt, w)
+    phases = {
+        "start of backward": {**resident, "activations": acts["start of backward"]},
+        "end of backward": {
+            **resident,
+            "grads": on.get("grads", 0),
+            "activations": acts["end of backward"],
+        },
+    }
+    if not _offload(zero, "offload_optimizer") and _half(config):
+        # The optimizer step's temporaries (fp32 gradient copies and the flattened partitions):
+        # 24 bytes/param at stage 0, 2 + 2/N + 18/N at stages 1-2 (DeepSpeed's stage 1
+        # reduce-scatters before the step, as stage 2), and at stage 3 its states plus one fp32
+        # sub-group gradient. Fitted on GPT-2 124M and 355M with 1 and 2 GPUs (GPU_RUNS.md runs
+        # 2 and 6); DeepSpeed's buckets (and stage 3's gathered parameters) come on top.
+        if stage == 0:
+            step = 24 * p
+        elif stage in (1, 2):
+            step = 2 * p + 2 * p / n + 18 * p / n
+        else:
+            step = 16 * p / n + FP32 * min(p / n, int(zero.get("sub_group_size", 1e9)))
+        extra = {k: v for k, v in resident.items() if k in ("buffers", "gathered params")}
+        temporaries = max(0, step - sum(on.values()))
+        phases["optimizer step"] = {**on, **extra, "step temporaries": temporaries}
+    return phases
 
-    Model states follow the ZeRO paper (mixed-precision Adam: 2 + 2 + 12 bytes per parameter,
-    partitioned 12/N at stage 1, 14/N at stage 2, 16/N at stage 3), except that DeepSpeed's stage 1
-    partitions gradients as stage 2 does (measured on 2 GPUs). Activations follow
-    Korthikanti et al. (34 bytes per token per hidden unit and layer; with checkpointing, one
-    layer's input per layer plus one layer recomputed) and the loss's logits. DeepSpeed's buffers
-    come from the config's bucket sizes. The optimizer step of stages 0-2 adds temporaries the
-    paper leaves out (fp32 gradient copies: the step peaks at 24 bytes per parameter at stage 0 and
-    2 + (2 + 18)/N at stages 1-2, measured on GPT-2 124M and 355M with 1 and 2 GPUs, GPU_RUNS.md); the GPU figure is
-    the larger of the backward and the step. Host RAM adds the process base and the fp32 model built
-    before ``deepspeed.initialize`` (unless ``zero_init`` builds it partitioned).
+
+def estimate(
+    model: ModelInfo,
+    config: dict,
+    world_size: int = 1,
+    micro_batch: int = 4,
+    seq_len: int = 512,
+    grad_ckpt: bool = True,
+    on_gpu: bool = True,
+    zero_init: bool = False,
+) -> Estimate:
+    """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
+
+    The device's peak is the largest of three moments of a step (``Estimate.phase`` says which):
+    the start of backward (resident states, DeepSpeed's buckets, every saved activation and the
+    loss's fp32 logits; gradients not yet made), the end of backward (gradients made, activations
+    nearly gone) and the optimizer step (its temporaries). Model states follow
+    :func:`model_states`; activations follow :func:`activation_bytes` (attention and MLP per
+    architecture, grouped-query heads and the MLP width included). Host RAM: the process base, what
+    stays of the model built before ``deepspeed.initialize`` (unless ``zero_init`` builds it
+    partitioned), offloaded states and their buffers. Without a GPU (``on_gpu=False``) the device
+    is the host: its states and activations add to the host's figures.
     """
     zero = _zero(config)
-    stage = int(zero.get("stage", 0))
-    n = max(1, world_size)
-    p = model.n_params
-    half = _half(config)
-    w = HALF if half else FP32  # bytes of a model weight / gradient element
-    master = FP32 if (half or stage >= 1) else 0  # fp32 master copy (DeepSpeed keeps one from stage 1 on, fp32 too)
-    opt_cfg, par_cfg = zero.get("offload_optimizer") or {}, (zero.get("offload_param") or {}) if stage == 3 else {}
-    host_opt = {"cpu": "cpu", "nvme": "nvme"}.get(opt_cfg.get("device", "none"))
-    host_par = {"cpu": "cpu", "nvme": "nvme"}.get(par_cfg.get("device", "none"))
+    stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
+    w = HALF if _half(config) else FP32
+    states = model_states(model, config, world_size)
     est = Estimate()
+    phases = _gpu_phases(model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w)
+    when = max(phases, key=lambda k: sum(phases[k].values()))
     dev = "gpu" if on_gpu else "cpu"
-
-    # parameters (the training copy: fp16/bf16, or fp32 without mixed precision)
-    params_share = p * w / (n if stage == 3 else 1)
-    if host_par is None:
-        est.add(dev, "params", params_share)
-    else:
-        est.add(host_par, "params", params_share)
-        live = min(p, int(zero.get("stage3_max_live_parameters", 1e9)))
-        est.add(dev, "params", min(live, 2 * model.largest_param_numel + int(zero.get("stage3_prefetch_bucket_size", 5e7))) * w)
-        if host_par == "nvme":
-            est.add("cpu", "buffers", int(par_cfg.get("buffer_count", 5)) * int(par_cfg.get("buffer_size", 1e8)) * w)
-    # gradients
-    if host_opt:
-        est.add("cpu", "grads", p * FP32 / n)  # the fp32 gradient partition CPU Adam reads
-    else:
-        # DeepSpeed's stage 1 holds only its gradient partition at the peak, like stage 2 (the
-        # paper's stage 1 keeps them whole): measured on 2 GPUs, stages 1 and 2 peaked alike.
-        est.add(dev, "grads", p * w / (n if stage >= 1 else 1))
-    # optimizer states: Adam's two fp32 moments plus the fp32 master weights
-    opt = p * (8 + master) / (n if stage >= 1 else 1)
-    est.add(host_opt or dev, "optimizer", opt)
-    if host_opt == "nvme":
-        est.add("cpu", "buffers", int(opt_cfg.get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * FP32)
-    # activations
-    tokens = micro_batch * seq_len
-    layer = LAYER_ACT_BYTES_PER_TOKEN_HIDDEN * tokens * model.hidden * (w / HALF)
-    acts = (model.n_layer * tokens * model.hidden * w + layer) if grad_ckpt else model.n_layer * layer
-    est.add(dev, "activations", acts + tokens * model.vocab * LOGIT_BYTES * (w / HALF))
-    # DeepSpeed's buffers: gradient reduction and parameter gathering buckets
-    if stage in (1, 2):
-        est.add(dev, "buffers", int(zero.get("reduce_bucket_size", 5e8)) * w)
-    elif stage == 3:
-        est.add(dev, "buffers", (int(zero.get("reduce_bucket_size", 5e8)) + int(zero.get("stage3_prefetch_bucket_size", 5e7))) * w)
-    # the optimizer step's temporaries (stages 0-2 without offload), when they outgrow the backward
-    if not host_opt and stage <= 2 and half:
-        # Stage 1 as stage 2: DeepSpeed's stage 1 reduce-scatters the gradients before the step,
-        # so at the step it holds its partition only (2 GPUs: both measured at 4.03 GiB, 355M).
-        step = 24 * p if stage == 0 else (2 * p + 2 * p / n + 18 * p / n + est.parts.get(dev, {}).get("buffers", 0))
-        est.add(dev, "step temporaries", max(0, step - est.total(dev)))
-    # host: process base and the model as first built (fp32, whole) before DeepSpeed takes it
+    for kind, nbytes in phases[when].items():
+        est.add(dev, kind, nbytes)
+    est.phase[dev] = when
+    # host RAM
+    host_opt, host_par = (
+        _offload(zero, "offload_optimizer"),
+        _offload(zero, "offload_param") if stage == 3 else None,
+    )
     est.add("cpu", "process", HOST_BASE_GPU if on_gpu else HOST_BASE_CPU)
     if not (stage == 3 and zero_init):
-        est.add("cpu", "model build", p * FP32)
-    if host_opt and opt_cfg.get("pin_memory"):
-        est.add("cpu", "buffers", p * HALF / n)  # pinned fp16 transfer buffer
+        est.add("cpu", "model build", p * HOST_BUILD_BYTES)
+    for place in ("cpu", "nvme"):
+        for kind, nbytes in states.get(place, {}).items():
+            est.add(place, kind, nbytes)
+    if stage == 3 and (host_opt or host_par):
+        est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
+        est.add("cpu", "step temporaries", p * HOST_OVERFLOW_BYTES / n)
+    if host_par == "nvme":
+        par_cfg = zero.get("offload_param") or {}
+        est.add(
+            "cpu",
+            "buffers",
+            int(par_cfg.get("buffer_count", 5)) * int(par_cfg.get("buffer_size", 1e8)) * w,
+        )
+    if host_opt == "nvme":
+        opt_cfg = zero.get("offload_optimizer") or {}
+        est.add(
+            "cpu",
+            "buffers",
+            int(opt_cfg.get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * FP32,
+        )
+    if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
+        est.add("cpu", "pinned buffers", p * HOST_PINNED_BYTES / n)
+    est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
     return est
 
 
-def fits(est: Estimate, gpu_bytes: int | None, ram_bytes: int, disk_bytes: int | None = None) -> dict[str, bool]:
-    """Whether each place's predicted total fits the given limits (None: no such device)."""
-    out = {"cpu": est.total("cpu") <= ram_bytes}
-    if gpu_bytes is not None:
-        out["gpu"] = est.total("gpu") <= gpu_bytes
-    if est.total("nvme"):
-        out["nvme"] = disk_bytes is None or est.total("nvme") <= disk_bytes
-    return out
-
-
-def gpu_prediction_claim(label: str, predicted: int, measured: int | None, rtol: float = 0.15) -> tuple[str, bool]:
-    """(claim, held): the predicted GPU peak is within ``rtol`` of the measured one (no measurement: not held)."""
+def gpu_prediction_claim(
+    label: str, predicted: int, measured: int | None, rtol: float = 0.15
+) -> tuple[str, bool]:
+    """(claim, held): the predicted GPU peak is within ``rtol`` of the measured one (no
+    measurement: not held)."""
     shown = "not measured" if measured is None else f"{measured / GiB:.2f} GiB"
-    return (f"{label}: predicted GPU memory within {rtol:.0%} of measured ({predicted / GiB:.2f} GiB vs {shown})",
-            claims.within(predicted, measured, rtol))
+    return (
+        f"{label}: predicted GPU memory within {rtol:.0%} of measured "
+        f"({predicted / GiB:.2f} GiB vs {shown})",
+        claims.within(predicted, measured, rtol),
+    )
 
 
-def compare(model: ModelInfo, config: dict, result, environment, micro_batch: int, seq_len: int,
-            gpu_rtol: float = 0.15) -> list[tuple[str, bool]]:
+def compare(
+    model: ModelInfo,
+    config: dict,
+    result,
+    environment,
+    micro_batch: int,
+    seq_len: int,
+    gpu_rtol: float = 0.15,
+) -> list[tuple[str, bool]]:
     """Claims about a measured run against its prediction: it ran; on a GPU, within ``gpu_rtol``."""
-    est = estimate(model, config, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
-    out = [(f"the measured run finished ({result.status}{': ' + result.message if result.message else ''})",
-            result.status == "ok")]
+    est = estimate(
+        model, config, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu
+    )
+    out = [
+        (
+            f"the measured run finished "
+            f"({result.status}{': ' + result.message if result.message else ''})",
+            result.status == "ok",
+        )
+    ]
     if environment.has_gpu:
-        out.append(gpu_prediction_claim(result.label, est.total("gpu"), result.peak_gpu_allocated_bytes, gpu_rtol))
+        out.append(
+            gpu_prediction_claim(
+                result.label, est.total("gpu"), result.peak_gpu_allocated_bytes, gpu_rtol
+            )
+        )
     return out

@@ -13,9 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from helpers import config, memory
+from helpers import config, memory, verdict
 from helpers import env as kit_env
-from helpers.units import GiB
 
 BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
@@ -157,19 +156,21 @@ class ConfigForm:
         if self.estimate is None:
             return "<p>no estimate: fix the error first</p>"
         rows = []
-        limits = self.limits()
-        names = {"gpu": "GPU", "cpu": "host RAM", "nvme": "NVMe"}
-        for place in ("gpu", "cpu", "nvme"):
-            need, limit = self.estimate.total(place), limits.get(place)
-            if not need and place == "nvme":
-                continue
-            frac = min(1.0, need / limit) if limit else 0
-            colour = "#2e7d32" if need <= (limit or 0) else "#c62828"
-            verdict = "fits" if need <= (limit or 0) else "does NOT fit"
-            rows.append(f"<div style='margin:2px 0'><span style='display:inline-block;width:80px'>{names[place]}</span>"
-                        f"<span style='display:inline-block;width:260px;background:#eee;vertical-align:middle'>"
-                        f"<span style='display:block;width:{frac * 100:.0f}%;height:14px;background:{colour}'></span></span>"
-                        f" {need / GiB:.2f} of {limit / GiB:.1f} GiB: {verdict}</div>")
+        needs = {p: self.estimate.total(p) for p in verdict.PLACES}
+        colours = {verdict.FITS: "#2e7d32", verdict.TIGHT: "#ef6c00", verdict.NO_FIT: "#c62828"}
+        for place, v in verdict.places(needs, self.limits()).items():
+            frac = min(1.0, v.need / v.limit) if v.limit else 0
+            bar = (f"<span style='display:block;width:{frac * 100:.0f}%;height:14px;"
+                   f"background:{colours[v.word]}'></span>")
+            rows.append(f"<div style='margin:2px 0'><span style='display:inline-block;width:80px'>"
+                        f"{verdict.PLACES[place]}</span><span style='display:inline-block;"
+                        f"width:260px;background:#eee;vertical-align:middle'>{bar}</span> "
+                        f"{html.escape(v.sentence().split(': ', 1)[1])}</div>")
+        when = self.estimate.phase.get("gpu")
+        if when:
+            rows.append(f"<div style='font-size:11px;color:#555'>GPU peak: {html.escape(when)}; "
+                        f"'tight' = within {verdict.MARGIN:.0%} of the limit (allocator "
+                        f"fragmentation, estimate error)</div>")
         return "".join(rows)
 
     def widget(self):
@@ -210,7 +211,8 @@ def form_checks(form: ConfigForm) -> list[tuple[str, bool]]:
                     and "red" in form.problems_view.value))
         form.set(precision="auto")
     form.set(model="custom", custom_params=7_000_000_000, stage=0)
-    out.append(("a 7B model at stage 0 does not fit the GPU bar", "does NOT fit" in form.bars.value))
+    gpu_bar = form.bars.value.split("GPU</span>", 1)[-1].split("</div>", 1)[0]
+    out.append(("a 7B model at stage 0 does not fit the GPU bar", gpu_bar.endswith(verdict.NO_FIT)))
     form.name.value = "../outside"
     out.append(("a bad file name is refused, nothing written", form.save() is None and "not saved" in form.status.value))
     form.set(**before)

@@ -1,0 +1,200 @@
+"""Measured memory of training runs, kept in the repository (helpers/memory_measurements.json) with
+the machine each ran on, and the estimator checked against them: the validation half only.
+
+Each row names a kit shape, a row of the stage and offload matrix (its config comes from
+:func:`helpers.matrix.config_for`, as the run's did), the batch shape, and what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import claims, matrix, memory, verdict
+from helpers import env as kit_env
+from helpers.tables import Table
+from helpers.units import gib
+
+MEASUREMENTS = Path(__file__).resolve().parent / "memory_measurements.json"
+#: The issue's bar on the validation half: peak GPU within 10%, host RSS within 15%.
+GPU_RTOL, HOST_RTOL = 0.10, 0.15
+OK = "ok"
+#: Statuses that mean "did not fit": the verdict must never say "fits" for them.
+OUT_OF_MEMORY = {kit_env.OUT_OF_GPU_MEMORY: "gpu", "killed for host RAM": "cpu"}
+T4 = kit_env.EMULATIONS["t4"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One measured row and what the estimator says about it."""
+
+    row: dict
+    estimate: memory.Estimate
+    words: dict[str, str]  # place -> verdict against a T4's limits
+
+
+def load(path: str | Path = MEASUREMENTS) -> list[dict]:
+    """The rows of a measurements file (a JSON object with "rows", or JSON lines of rows)."""
+    text = Path(path).read_text()
+    if text.lstrip().startswith("{") and '"rows"' in text[:4000]:
+        return json.loads(text)["rows"]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
+    """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
+    returns how many rows the file holds afterwards."""
+    data = json.loads(Path(path).read_text())
+    latest = {r["id"]: r for r in new_rows}  # a resumed grid may list an id twice: the last wins
+    data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return len(data["rows"])
+
+
+def choice_of(label: str) -> dict:
+    """The matrix row's choices for a label of :data:`helpers.matrix.CONFIGS` (ValueError
+    otherwise)."""
+    found = dict(matrix.CONFIGS).get(label)
+    if found is None:
+        raise ValueError(
+            f"unknown matrix row {label!r}: choose one of {', '.join(dict(matrix.CONFIGS))}"
+        )
+    return found
+
+
+def row_config(row: dict, info: memory.ModelInfo) -> dict:
+    """The engine config a measured row ran with: its matrix row, fp16, pinned memory off."""
+    return matrix.config_for(
+        choice_of(row["row"]),
+        info,
+        None,
+        row["micro_batch"],
+        row.get("world_size", 1),
+        precision="fp16",
+        pin_memory=False,
+    )
+
+
+def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Prediction:
+    """The estimate and T4 verdicts for one row (``infos`` caches ModelInfo by shape)."""
+    infos = {} if infos is None else infos
+    info = infos.setdefault(row["shape"], memory.ModelInfo.for_shape(row["shape"]))
+    est = memory.estimate(
+        info,
+        row_config(row, info),
+        world_size=row.get("world_size", 1),
+        micro_batch=row["micro_batch"],
+        seq_len=row["seq_len"],
+        grad_ckpt=row["grad_ckpt"],
+        zero_init=bool(row.get("zero_init", False)),
+    )
+    limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes, "nvme": None}
+    words = {
+        p: v.word
+        for p, v in verdict.places({k: est.total(k) for k in verdict.PLACES}, limits).items()
+    }
+    return Prediction(row, est, words)
+
+
+def _error(predicted: int, measured: int | None) -> float | None:
+    return None if not measured else (predicted - measured) / measured
+
+
+def checks(
+    predictions: list[Prediction], gpu_rtol: float = GPU_RTOL, host_rtol: float = HOST_RTOL
+) -> list[claims.Claim]:
+    """Claims about every row: GPU and host within tolerance where measured, never "fits" when the
+    run ran out of memory (GPU) or was killed for host RAM."""
+    out = []
+    for p in predictions:
+        r = p.row
+        name = f"{r['id']} ({r['shape']}, {r['row']}, {r['micro_batch']} x {r['seq_len']})"
+        if r["status"] in OUT_OF_MEMORY:
+            place = OUT_OF_MEMORY[r["status"]]
+            out.append(
+                (
+                    f"{name}: {r['status']}, verdict for {verdict.PLACES[place]} is "
+                    f"{p.words.get(place)!r}, not 'fits'",
+                    p.words.get(place) != verdict.FITS,
+                )
+            )
+            continue
+        if r["status"] != OK:
+            continue
+        gpu = r.get("peak_gpu_allocated_bytes")
+        if gpu:
+            out.append(
+                (
+                    f"{name}: GPU predicted {gib(p.estimate.total('gpu'))} GiB within "
+                    f"{gpu_rtol:.0%} of "
+                    f"{gib(gpu)}",
+                    claims.within(p.estimate.total("gpu"), gpu, gpu_rtol),
+                )
+            )
+        host = r.get("peak_host_rss_bytes")
+        if host and not r.get("host_rss_all_ranks"):
+            out.append(
+                (
+                    f"{name}: host predicted {gib(p.estimate.total('cpu'))} GiB within "
+                    f"{host_rtol:.0%} of "
+                    f"{gib(host)}",
+                    claims.within(p.estimate.total("cpu"), host, host_rtol),
+                )
+            )
+    return out
+
+
+def table(predictions: list[Prediction], title: str = "Predicted against measured") -> Table:
+    """One line per row: measured and predicted GPU and host GiB, errors, the T4 verdict, the
+    split."""
+
+    def pct(e: float | None) -> str:
+        return "-" if e is None else f"{e:+.1%}"
+
+    out = []
+    for p in predictions:
+        r, est = p.row, p.estimate
+        gpu, host = r.get("peak_gpu_allocated_bytes"), r.get("peak_host_rss_bytes")
+        host_cmp = None if r.get("host_rss_all_ranks") else host
+        out.append(
+            (
+                r["shape"],
+                r["row"] + (f" x{r['world_size']} GPUs" if r.get("world_size", 1) > 1 else ""),
+                f"{r['micro_batch']} x {r['seq_len']}{' ckpt' if r['grad_ckpt'] else ''}",
+                r["status"],
+                gib(gpu),
+                gib(est.total("gpu")),
+                pct(_error(est.total("gpu"), gpu)),
+                gib(host),
+                gib(est.total("cpu")),
+                pct(_error(est.total("cpu"), host_cmp)),
+                p.words.get("gpu", "-"),
+                est.phase.get("gpu", "-"),
+                r.get("split", "-"),
+            )
+        )
+    return Table(
+        [
+            "model",
+            "config",
+            "batch",
+            "status",
+            "GPU GiB",
+            "predicted",
+            "error",
+            "host GiB",
+            "predicted",
+            "error",
+            "T4 verdict",
+            "GPU peak at",
+            "split",
+        ],
+        out,
+        title=title,
+    )
+
+
+def validation(rows: list[dict]) -> list[dict]:
+    """The rows kept out of the fit."""
+    return [r for r in rows if r.get("split") == "validation"]

@@ -1,0 +1,373 @@
+"""Any model's memory per ZeRO stage and offload, with the verdict for this machine, beside the
+estimators people already use. The model is built on the meta device from its config alone: no
+weights are downloaded or created.
+
+    python -m helpers.sizing --model gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
+    python -m helpers.sizing --model ./my-model-folder --micro-batch 8 --seq-len 1024 --emulate t4
+
+``--model`` takes a kit shape (helpers.models.MODEL_SHAPES), a local folder with a config.json
+(a ``save_pretrained`` folder), or a Hub name (its config.json only; offline, one line says so).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import config, matrix, measurements, memory, models, verdict
+from helpers import env as kit_env
+from helpers.tables import Table
+from helpers.units import MISSING, gib
+
+
+class SizingError(ValueError):
+    """A model that cannot be sized here, with what to do instead (one line)."""
+
+
+@dataclass
+class Sized:
+    """One row of the matrix for one model: its config, estimate and verdicts."""
+
+    label: str
+    config: dict
+    estimate: memory.Estimate
+    verdicts: dict[str, verdict.PlaceVerdict]
+
+    @property
+    def overall(self) -> str:
+        return verdict.worst([v.word for v in self.verdicts.values()])
+
+
+def resolve(name: str):
+    """(ModelInfo, transformers config) for a kit shape, a local model folder or a Hub name."""
+    if name in models.MODEL_SHAPES:
+        hf = models.model_config(name)
+        return memory.ModelInfo.from_config(hf, name=name), hf
+    from transformers import AutoConfig
+
+    path = Path(name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SizingError("a folder without config.json: give a save_pretrained folder")
+        hf = AutoConfig.from_pretrained(str(path))
+        return memory.ModelInfo.from_config(hf, name=str(name)), hf
+    if not models.hub_reachable():
+        raise SizingError(
+            "not a kit shape or a local folder, and the Hugging Face Hub cannot be "
+            f"reached: give a kit shape ({', '.join(list(models.MODEL_SHAPES)[2:6])}, ...) or a "
+            f"folder with config.json"
+        )
+    try:
+        hf = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise SizingError(f"no config.json on the Hub ({str(err).splitlines()[0][:120]})") from None
+    return memory.ModelInfo.from_config(hf, name=name), hf
+
+
+def limits(environment: kit_env.Environment) -> dict[str, int | None]:
+    """This machine's limits: GPU memory (None without a GPU), the RAM budget, the offload disk."""
+    gpu = environment.vram_total_bytes if environment.has_gpu else None
+    return {"gpu": gpu, "cpu": environment.ram_budget_bytes, "nvme": environment.disk_free_bytes}
+
+
+def size(
+    info: memory.ModelInfo,
+    environment: kit_env.Environment,
+    micro_batch: int,
+    seq_len: int,
+    grad_ckpt: bool = True,
+    world_size: int = 1,
+) -> list[Sized]:
+    """Every row of the stage and offload matrix for this model: config, estimate, verdicts."""
+    out = []
+    for label, choice in matrix.CONFIGS:
+        ds = matrix.config_for(choice, info, environment, micro_batch, world_size)
+        est = memory.estimate(
+            info,
+            ds,
+            world_size=world_size,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            grad_ckpt=grad_ckpt,
+            on_gpu=environment.has_gpu,
+        )
+        needs = {p: est.total(p) for p in verdict.PLACES}
+        out.append(Sized(label, ds, est, verdict.places(needs, limits(environment))))
+    return out
+
+
+def size_table(
+    info: memory.ModelInfo,
+    environment: kit_env.Environment,
+    micro_batch: int,
+    seq_len: int,
+    grad_ckpt: bool = True,
+    world_size: int = 1,
+) -> Table:
+    """Predicted GPU / host / disk GiB per stage and offload, each place's verdict and when the GPU
+    peaks: what ``python -m helpers.sizing`` prints and notebook 03 shows."""
+    rows = []
+    for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size):
+        word = {p: v.word for p, v in s.verdicts.items()}
+        est = s.estimate
+        rows.append(
+            (
+                s.label,
+                gib(est.total("gpu")) if environment.has_gpu else MISSING,
+                gib(est.total("cpu")),
+                gib(est.total("nvme")) if est.total("nvme") else MISSING,
+                word.get("gpu", MISSING),
+                word.get("cpu", MISSING),
+                word.get("nvme", MISSING),
+                s.overall,
+                est.phase.get("gpu" if environment.has_gpu else "cpu", MISSING),
+            )
+        )
+    lim = limits(environment)
+    gpu = (
+        f"GPU {lim['gpu'] / 2**30:.1f} GiB, " if lim["gpu"] else "no GPU (everything in host RAM), "
+    )
+    title = (
+        f"{info.name}: {info.n_params / 1e6:,.0f}M parameters at {micro_batch} x {seq_len}"
+        f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s); {gpu}RAM budget "
+        f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {verdict.MARGIN:.0%} of the limit"
+    )
+    return Table(
+        [
+            "config",
+            "GPU GiB",
+            "host GiB",
+            "NVMe GiB",
+            "GPU",
+            "host RAM",
+            "NVMe disk",
+            "verdict",
+            "peak at",
+        ],
+        rows,
+        title=title,
+    )
+
+
+# ---- the estimators people use -------------------------------------------------------------------
+
+
+def deepspeed_estimates(info: memory.ModelInfo, world_size: int = 1) -> dict[str, tuple[int, int]]:
+    """DeepSpeed's own model-state estimators (they return numbers; the ``_all_live`` variants only
+    print), per matrix row they cover: {label: (gpu bytes, host bytes)}. DeepSpeed has no stage 0,
+    stage 1 or NVMe rows, counts no activations, and adds a 1.5x host buffer factor."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    p, big, n = info.n_params, info.largest_param_numel, world_size
+    out = {}
+    for label, offload in (("stage 2", False), ("stage 2 + CPU offload", True)):
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            p, num_gpus_per_node=n, cpu_offload=offload
+        )
+        out[label] = (int(gpu), int(cpu))
+    for label, offload in (("stage 3", False), ("stage 3 + CPU offload", True)):
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            p,
+            big,
+            num_gpus_per_node=n,
+            cpu_offload=offload,
+            cpu_offload_params=offload,
+            zero_init=False,
+        )
+        out[label] = (int(gpu), int(cpu))
+    return out
+
+
+ACCELERATE_NOTE = (
+    "Accelerate's `accelerate estimate-memory` asks the Hub for the model's metadata "
+    "(create_empty_model -> verify_on_hub), so it cannot size a local folder or run offline; "
+    "the figure here is its own arithmetic (calculate_maximum_sizes, estimate_training_usage) "
+    "on the same meta-device model: fp16 mixed precision, batch 1, no ZeRO."
+)
+
+
+def accelerate_estimate(hf_config) -> int:
+    """Accelerate's "Training using Adam" figure for float16 on a model built from ``hf_config`` on
+    the meta device (see :data:`ACCELERATE_NOTE`)."""
+    from accelerate import init_empty_weights
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(hf_config)
+    total, _ = calculate_maximum_sizes(model)
+    return int(max(estimate_training_usage(total, "float16").values()))
+
+
+def _measured(
+    info: memory.ModelInfo,
+    micro_batch: int,
+    seq_len: int,
+    grad_ckpt: bool,
+    world_size: int,
+    rows: list[dict],
+) -> dict[str, dict]:
+    return {
+        r["row"]: r
+        for r in rows
+        if r["shape"] == info.name
+        and r["micro_batch"] == micro_batch
+        and r["seq_len"] == seq_len
+        and bool(r["grad_ckpt"]) == grad_ckpt
+        and r.get("world_size", 1) == world_size
+    }
+
+
+def side_by_side(
+    info: memory.ModelInfo,
+    hf_config,
+    environment: kit_env.Environment,
+    micro_batch: int,
+    seq_len: int,
+    grad_ckpt: bool = True,
+    world_size: int = 1,
+    rows: list[dict] | None = None,
+) -> Table:
+    """For the same model: the kit's prediction, DeepSpeed's estimators, Accelerate's figure and,
+    where the stored measurements (helpers/memory_measurements.json) have this case, the
+    measurement.
+    GPU figures are for a GPU in the kit's precision (a T4 profile when this machine has none)."""
+    gpu_env = environment if environment.has_gpu else config.t4_profile(environment)
+    ds = deepspeed_estimates(info, world_size)
+    acc = accelerate_estimate(hf_config)
+    found = _measured(
+        info,
+        micro_batch,
+        seq_len,
+        grad_ckpt,
+        world_size,
+        measurements.load() if rows is None else rows,
+    )
+    out = []
+    for s in size(info, gpu_env, micro_batch, seq_len, grad_ckpt, world_size):
+        m = found.get(s.label, {})
+        ds_gpu, ds_cpu = ds.get(s.label, (None, None))
+        status = m.get("status", MISSING)
+        out.append(
+            (
+                s.label,
+                gib(s.estimate.total("gpu")),
+                gib(ds_gpu),
+                gib(acc) if s.label == "stage 0" else MISSING,
+                gib(m.get("peak_gpu_allocated_bytes")) if status == "ok" else status,
+                gib(s.estimate.total("cpu")),
+                gib(ds_cpu),
+                gib(m.get("peak_host_rss_bytes")) if not m.get("host_rss_all_ranks") else MISSING,
+            )
+        )
+    return Table(
+        [
+            "config",
+            "kit GPU GiB",
+            "DeepSpeed GPU",
+            "Accelerate GPU",
+            "measured GPU",
+            "kit host GiB",
+            "DeepSpeed host",
+            "measured host",
+        ],
+        out,
+        title=f"{info.name} at {micro_batch} x {seq_len}{', checkpointing' if grad_ckpt else ''}: "
+        "four answers to 'how much memory?'",
+    )
+
+
+def plot_side_by_side(table: Table):
+    """Grouped bars of the GPU columns of :func:`side_by_side` (GiB; missing figures left out)."""
+    import matplotlib.pyplot as plt
+
+    columns = ["kit GPU GiB", "DeepSpeed GPU", "Accelerate GPU", "measured GPU"]
+    idx = [table.header.index(c) for c in columns]
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    width = 0.2
+    for k, (name, i) in enumerate(zip(columns, idx)):
+        xs, ys = [], []
+        for j, row in enumerate(table.rows):
+            try:
+                ys.append(float(row[i]))
+                xs.append(j + (k - 1.5) * width)
+            except ValueError:
+                pass
+        ax.bar(xs, ys, width, label=name.replace(" GiB", ""))
+    ax.set_xticks(
+        range(len(table.rows)), [r[0].replace(" + ", "\n+ ") for r in table.rows], fontsize=8
+    )
+    ax.set_ylabel("GiB")
+    ax.axhline(15, color="grey", linestyle=":", linewidth=1)
+    ax.set_title(table.title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the command line ----------------------------------------------------------------------------
+
+
+def machine_for(emulate: str | None) -> kit_env.Environment:
+    """This machine as the kit sees it; with ``emulate="t4"`` a T4's limits (on a GPU the cap is
+    applied; without one, a T4 profile)."""
+    if emulate:
+        kit_env.emulate(emulate)
+        machine = kit_env.describe()
+        return machine if machine.has_gpu else config.t4_profile(machine)
+    return kit_env.describe()
+
+
+def verdict_line(machine: kit_env.Environment) -> str:
+    """Which machine the verdicts are for, with its limits."""
+    lim = limits(machine)
+    gpu = f"{machine.gpu_name}, {lim['gpu'] / 2**30:.1f} GiB" if lim["gpu"] else "no GPU"
+    emu = f" ({machine.emulation.label} emulation)" if machine.emulation else ""
+    return (
+        f"verdicts for: {gpu}{emu}; RAM budget {lim['cpu'] / 1e9:.1f} GB; "
+        f"{lim['nvme'] / 1e9:,.0f} GB free for NVMe offload at {machine.offload_dir}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the size table for one model; bad options and unknown models end in one line,
+    exit 2."""
+    from helpers import cli
+
+    parser = cli.OneLineParser(
+        prog="python -m helpers.sizing",
+        name="sizing",
+        description="Predict a model's GPU, host and disk memory per ZeRO stage and offload.",
+    )
+    parser.add_argument(
+        "--model", required=True, help="a kit shape, a local model folder, or a Hub name"
+    )
+    parser.add_argument("--micro-batch", type=cli.positive_int, default=4)
+    parser.add_argument("--seq-len", type=cli.whole_number(8), default=512)
+    parser.add_argument("--grad-ckpt", action="store_true")
+    parser.add_argument("--world-size", type=cli.positive_int, default=1)
+    parser.add_argument(
+        "--emulate",
+        type=cli.one_of(["t4", "none"]),
+        default=None,
+        help="t4: the verdict for a free Colab T4 (15 GiB GPU, 12.7 GB RAM)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        with cli.quiet():
+            info, _ = resolve(args.model)
+    except SizingError as err:
+        cli.refuse(parser, "--model", args.model, str(err))
+    machine = machine_for(None if args.emulate == "none" else args.emulate)
+    print(
+        size_table(info, machine, args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
+    )
+    print(verdict_line(machine))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The estimator against the stored measurements (helpers/memory_measurements.json): the validation
+half only (rows not used to fit it), the three-way verdict, and each rule fed a bad case."""
+
+import copy
+
+import pytest
+
+from helpers import claims, measurements, memory, verdict
+from helpers.units import GiB
+
+ROWS = measurements.load()
+VALIDATION = measurements.validation(ROWS)
+
+
+def test_every_row_names_its_source_machine_and_split():
+    assert ROWS and all(
+        r["source"] and r["machine"] and r["split"] in ("fit", "validation") for r in ROWS
+    )
+    assert len({r["id"] for r in ROWS}) == len(ROWS)
+
+
+def test_validation_half_within_10_percent_gpu_15_percent_host_and_never_fits_when_out_of_memory():
+    predictions = [measurements.predict(r) for r in VALIDATION]
+    checked = measurements.checks(predictions)
+    assert claims.failed(checked) == []
+    assert (
+        sum("GPU predicted" in c for c, _ in checked) >= 10
+    )  # the 2-GPU runs, until the grid is in
+    assert sum("not 'fits'" in c for c, _ in checked) >= 3
+
+
+def test_grid_rows_bring_at_least_20_validation_cases_once_recorded():
+    grid = [r for r in VALIDATION if r["source"] == "tools/measure_memory_grid.py"]
+    ran = [r for r in grid if r["status"] == "ok" and r.get("peak_gpu_allocated_bytes")]
+    assert not grid or len(ran) >= 20, f"only {len(ran)} validation cases of the grid ran on a GPU"
+
+
+def test_no_out_of_memory_row_is_fits_in_either_half():
+    # the margin is chosen on all the data: a run that ran out must never read "fits"
+    for r in ROWS:
+        if r["status"] in measurements.OUT_OF_MEMORY:
+            p = measurements.predict(r)
+            assert p.words[measurements.OUT_OF_MEMORY[r["status"]]] != verdict.FITS, r["id"]
+
+
+def _row(**change):
+    base = next(r for r in ROWS if r["id"] == "r6-124m-s2-2gpu")
+    return {**copy.deepcopy(base), **change}
+
+
+def test_the_checks_catch_a_wrong_gpu_figure_a_wrong_host_figure_and_a_fits_that_ran_out():
+    off = _row(
+        peak_gpu_allocated_bytes=int(1.2 * measurements.predict(_row()).estimate.total("gpu"))
+    )
+    assert claims.failed(measurements.checks([measurements.predict(off)]))
+    host = _row(world_size=1, peak_host_rss_bytes=int(1.3 * 2 * GiB), host_rss_all_ranks=False)
+    assert any(
+        "host predicted" in c
+        for c in claims.failed(measurements.checks([measurements.predict(host)]))
+    )
+    ran_out = _row(
+        status="out of GPU memory", peak_gpu_allocated_bytes=None
+    )  # predicted ~2 GiB: "fits"
+    assert claims.failed(measurements.checks([measurements.predict(ran_out)]))
+    killed = _row(status="killed for host RAM", world_size=1)
+    assert claims.failed(measurements.checks([measurements.predict(killed)]))
+
+
+def test_verdict_boundaries():
+    limit = 100
+    assert verdict.verdict(90, limit) == verdict.FITS
+    assert (
+        verdict.verdict(91, limit) == verdict.TIGHT and verdict.verdict(100, limit) == verdict.TIGHT
+    )
+    assert verdict.verdict(101, limit) == verdict.NO_FIT
+    assert verdict.verdict(0, None) == verdict.FITS and verdict.verdict(1, None) == verdict.NO_FIT
+    assert verdict.worst([verdict.FITS, verdict.TIGHT]) == verdict.TIGHT
+    assert verdict.worst([verdict.TIGHT, verdict.NO_FIT, verdict.FITS]) == verdict.NO_FIT
+    for bad in ((-1, 100, 0.1), (1, 100, 1.0), (1, 100, -0.1)):
+        with pytest.raises(ValueError):
+            verdict.verdict(*bad)
+    tight = verdict.places(
+        {"gpu": 14 * GiB, "cpu": GiB}, {"gpu": 15 * GiB, "cpu": 12 * GiB, "nvme": None}
+    )
+    assert tight["gpu"].word == verdict.TIGHT and "within 10%" in tight["gpu"].sentence()
+    assert "nvme" not in tight  # nothing on the disk: no disk verdict
+
+
+def test_the_774m_stage_3_run_that_ran_out_is_tight_not_fits():
+    # issue 16: predicted 14.48 GiB and "fits", then out of memory at the 15 GiB cap
+    row = next(r for r in ROWS if r["id"] == "i16-774m-s3-8x512")
+    p = measurements.predict(row)
+    assert p.words["gpu"] == verdict.TIGHT and p.estimate.total("gpu") > 13.2 * GiB
+
+
+def test_layer_activations_follow_the_architecture():
+    gpt2 = memory.ModelInfo.for_shape("gpt2-124m")
+    # GPT-2: (9 h + 5 x 4h) half-precision elements per token, plus the per-head fp32 log-sum-exp
+    assert memory.layer_activation_bytes(gpt2, 1) == 2 * 29 * 768 + 4 * 12
+    llama = memory.ModelInfo.for_shape("smollm2-135m-shaped")
+    wider = (
+        copy.replace(llama, intermediate=2 * llama.intermediate)
+        if hasattr(copy, "replace")
+        else None
+    )
+    wider = wider or memory.ModelInfo(**{**llama.__dict__, "intermediate": 2 * llama.intermediate})
+    assert (
+        memory.layer_activation_bytes(wider, 1) - memory.layer_activation_bytes(llama, 1)
+        == 8 * llama.intermediate
+    )
+    full_kv = memory.ModelInfo(**{**llama.__dict__, "kv_heads": llama.heads})
+    kv = llama.hidden * llama.kv_heads // llama.heads
+    assert memory.layer_activation_bytes(full_kv, 1) - memory.layer_activation_bytes(
+        llama, 1
+    ) == 4 * (llama.hidden - kv)
+
+
+def test_long_sequences_pay_for_fp32_logits_and_the_peak_says_when():
+    from helpers import config
+
+    info = memory.ModelInfo.for_shape("gpt2-124m")
+    c = config.build(stage=0, micro_batch=8, trainer=False, precision="fp16", pin_memory=False)
+    est = memory.estimate(info, c, micro_batch=8, seq_len=1024, grad_ckpt=False)
+    assert est.phase["gpu"] == "start of backward"
+    assert est.parts["gpu"]["activations"] > 8 * 1024 * info.vocab * memory.LOGIT_BYTES
+    step = memory.estimate(memory.ModelInfo.for_shape("gpt2-355m"), c, micro_batch=4, seq_len=512)
+    assert step.phase["gpu"] == "optimizer step" and "step temporaries" in step.parts["gpu"]
+
+
+def test_cpu_offload_limits_of_notebook_01_use_the_margin():
+    from helpers import machine_check
+
+    budget = int(12.7e9)
+    fits, tight = machine_check.cpu_offload_limits(budget)
+    assert 0 < fits < tight
+    assert (
+        memory.cpu_offload_host_bytes(fits)
+        <= 0.9 * budget
+        < memory.cpu_offload_host_bytes(fits + 10**7)
+    )
+
+
+def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
+    import dataclasses
+
+    from helpers import env as kit_env
+    from helpers.widgets import ConfigForm
+
+    cpu = dataclasses.replace(kit_env.describe(), vram_total_bytes=None)
+    form = ConfigForm(cpu, shape="gpt2-774m", micro_batch=8, seq_len=512, folder=tmp_path)
+    # issue 16's out-of-memory run: GPT-2 774M, stage 3, 8 x 512, checkpointing
+    form.set(precision="fp16", stage=3, trainer=False, grad_ckpt=True)
+    gpu_bar = form.bars.value.split("GPU</span>", 1)[1].split("</div>", 1)[0]
+    assert "#ef6c00" in gpu_bar and "tight (within 10% of the limit)" in gpu_bar, gpu_bar
+    form.set(stage=0)
+    gpu_bar = form.bars.value.split("GPU</span>", 1)[1].split("</div>", 1)[0]
+    assert "#c62828" in gpu_bar and gpu_bar.endswith(verdict.NO_FIT)
+    assert "GPU peak: optimizer step" in form.bars.value

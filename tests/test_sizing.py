@@ -1,0 +1,96 @@
+"""helpers.sizing: any model sized per stage and offload with the verdict (kit shapes, a local
+save_pretrained folder, a Hub name offline), beside DeepSpeed's and Accelerate's estimators."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import config, models, sizing, verdict
+from helpers import env as kit_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def t4():
+    return config.t4_profile(kit_env.describe())
+
+
+@pytest.mark.parametrize("shape", list(models.MODEL_SHAPES))
+def test_every_kit_shape_is_sized_per_stage_and_offload(shape, t4):
+    info, _ = sizing.resolve(shape)
+    rows = sizing.size(info, t4, micro_batch=2, seq_len=256, grad_ckpt=True)
+    assert [r.label for r in rows] == [label for label, _ in sizing.matrix.CONFIGS]
+    assert all(r.estimate.total("gpu") > 0 and r.estimate.total("cpu") > 0 for r in rows)
+    assert all(r.overall in (verdict.FITS, verdict.TIGHT, verdict.NO_FIT) for r in rows)
+    assert rows[-1].estimate.total("nvme") > 0 and "nvme" in rows[-1].verdicts
+
+
+def _refused(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as done:
+        sizing.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_hub_name_offline_is_refused_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    err = _refused(capsys, ["--model", "meta-llama/Llama-3.2-1B", "--micro-batch", "1"])
+    assert (
+        err.startswith("sizing: --model 'meta-llama/Llama-3.2-1B': not a kit shape")
+        and "cannot be reached" in err
+    )
+
+
+def test_bad_options_and_a_folder_without_a_config_are_refused(capsys, tmp_path):
+    assert "without config.json" in _refused(capsys, ["--model", str(tmp_path)])
+    assert "--micro-batch 0" in _refused(capsys, ["--model", "tiny", "--micro-batch", "0"])
+    assert "--emulate 'a100'" in _refused(capsys, ["--model", "tiny", "--emulate", "a100"])
+
+
+def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
+    folder = models.save_offline_model(tmp_path / "model", "llama-tiny")
+    child = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "helpers.sizing",
+            "--model",
+            str(folder),
+            "--micro-batch",
+            "2",
+            "--seq-len",
+            "64",
+            "--grad-ckpt",
+            "--emulate",
+            "t4",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"{folder}: ") and "GPU 15.0 GiB" in lines[0]
+    assert sum(line.startswith("stage ") for line in lines) == 7 and "verdicts for:" in lines[-1]
+
+
+def test_side_by_side_puts_each_estimator_where_it_has_a_figure(t4):
+    info, hf = sizing.resolve("gpt2-355m")
+    table = sizing.side_by_side(info, hf, t4, 4, 512, grad_ckpt=True)
+    rows = {r[0]: dict(zip(table.header, r)) for r in table.rows}
+    assert rows["stage 0"]["measured GPU"] == "8.00" and rows["stage 0"]["DeepSpeed GPU"] == "-"
+    assert rows["stage 2"]["DeepSpeed GPU"] != "-" and rows["stage 2"]["Accelerate GPU"] == "-"
+    assert (
+        rows["stage 0"]["Accelerate GPU"] != "-"
+        and rows["stage 3 + NVMe offload"]["DeepSpeed GPU"] == "-"
+    )
+    # DeepSpeed's ZeRO-2 formula, 2 + 18 bytes per parameter on one GPU: called with the right count
+    assert sizing.deepspeed_estimates(info)["stage 2"][0] == 2 * info.n_params + 18 * info.n_params
