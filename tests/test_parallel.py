@@ -1,0 +1,384 @@
+"""Notebook 08's checks (helpers.parallel) fed good runs and bad ones: each claim holds on a good
+run and fails on the bad run it is there to catch (memory not split, losses disagreeing, no
+per-rank data, DeepSpeed accepting a combination it refuses today). Runs are built by hand here;
+the notebook's nbval run exercises the subprocesses themselves."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from helpers import bench, claims, parallel
+from helpers import env as kit_env
+
+GiB = 2**30
+
+
+def machine(gpus: int) -> kit_env.Environment:
+    """A CPU machine (gpus=0), one GPU, or two, as describe() would report them."""
+    gpu = gpus > 0
+    return kit_env.Environment(
+        platform="local", gpu_name="Tesla T4" if gpu else None, gpu_count=gpus,
+        capability=(7, 5) if gpu else None, real_capability=(7, 5) if gpu else None,
+        vram_total_bytes=15 * GiB if gpu else None, vram_free_bytes=15 * GiB if gpu else None,
+        native_bf16=False, precision="fp16" if gpu else "fp32", cpu_cores=2,
+        ram_total_bytes=13 * GiB, ram_available_bytes=12 * GiB, ram_budget_bytes=12 * GiB,
+        offload_dir="/tmp", disk_free_bytes=GiB,
+        torch_version="2", torch_cuda=None, nvcc=None, deepspeed_version="0.19.8",
+        transformers_version="5", smoke=not gpu)
+
+
+LOSSES = [5.6, 5.5, 5.2, 4.9, 4.6, 4.4]
+
+
+def run(label: str, ranks: list[dict], losses=LOSSES, status=bench.OK,
+        message="") -> bench.RunResult:
+    peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes")]
+    return bench.RunResult(label, status, message, world_size=max(1, len(ranks)),
+                           n_params=ranks[0].get("n_params", 0) if ranks else 0,
+                           losses=list(losses),
+                           steps_done=len(losses), median_step_s=0.1, tokens_per_s=1000.0,
+                           peak_gpu_allocated_bytes=max(peaks) if peaks else None, ranks=ranks)
+
+
+def rank(i: int, **fields) -> dict:
+    return {"rank": i, "status": bench.OK, "losses": LOSSES, "step_times_s": [1.0] * 4, **fields}
+
+
+def pipeline_good(gpu: bool = False) -> dict:
+    peak = (lambda b: {"peak_gpu_allocated_bytes": b}) if gpu else (lambda b: {})
+    return {
+        parallel.BASE: run(parallel.BASE, [rank(0, n_params=1000, **peak(4 * GiB))]),
+        parallel.DP: run(parallel.DP, [rank(0, n_params=1000, **peak(3 * GiB)),
+                                       rank(1, n_params=1000, **peak(3 * GiB))]),
+        parallel.PIPE: run(parallel.PIPE, [
+            rank(0, n_params=520, busy_s=[0.7] * 4, **peak(2 * GiB)),
+            rank(1, n_params=480, busy_s=[0.7] * 4, **peak(2 * GiB))]),
+        parallel.PIPE_1: run(parallel.PIPE_1, [rank(0, n_params=520, busy_s=[0.4] * 4),
+                                               rank(1, n_params=480, busy_s=[0.4] * 4)],
+                             losses=[5.7, 5.4, 5.3, 5.0, 4.8, 4.6]),
+    }
+
+
+def failed(checks: list[claims.Claim]) -> list[str]:
+    assert checks, "no checks at all"
+    return claims.failed(checks)
+
+
+# ---- the pipeline --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_a_good_pipeline_run_passes(gpus):
+    assert failed(parallel.pipeline_checks(pipeline_good(gpus > 0), machine(gpus))) == []
+
+
+def _break(runs: dict, label: str, change) -> dict:
+    runs = copy.deepcopy(runs)
+    change(runs[label])
+    return runs
+
+
+PIPELINE_BREAKAGES = {
+    "each stage holds the whole model": (
+        lambda r: [x.update(n_params=1000) for x in r.ranks], "each rank holds at most"),
+    "stages do not add up to the model": (
+        lambda r: r.ranks[1].update(n_params=300), "add up to the whole model"),
+    "no per-rank data": (lambda r: r.ranks.clear(), "2 ranks reported"),
+    "losses disagree with 1 rank": (lambda r: r.losses.__setitem__(3, 5.3), "losses match"),
+    "fewer steps than the baseline": (lambda r: r.losses.pop(), "losses match"),
+    "the pipeline failed": (lambda r: setattr(r, "status", bench.ERROR), "every run ran"),
+}
+
+
+@pytest.mark.parametrize("name", PIPELINE_BREAKAGES)
+def test_a_bad_pipeline_run_fails(name):
+    change, words = PIPELINE_BREAKAGES[name]
+    runs = _break(pipeline_good(), parallel.PIPE, change)
+    bad = failed(parallel.pipeline_checks(runs, machine(0)))
+    assert any(words in sentence for sentence in bad), bad
+
+
+def test_data_parallel_losses_must_agree_too():
+    runs = _break(pipeline_good(), parallel.DP, lambda r: r.losses.__setitem__(0, 5.7))
+    assert any(parallel.DP in s for s in failed(parallel.pipeline_checks(runs, machine(0))))
+
+
+def test_on_gpus_memory_must_split_and_the_bubble_must_shrink():
+    runs = _break(pipeline_good(gpu=True), parallel.PIPE,
+                  lambda r: r.ranks[0].update(peak_gpu_allocated_bytes=5 * GiB))
+    assert any("peaks below" in s for s in failed(parallel.pipeline_checks(runs, machine(2))))
+    runs = _break(pipeline_good(gpu=True), parallel.PIPE,
+                  lambda r: [x.update(busy_s=[0.2] * 4) for x in r.ranks])
+    assert any("idle less" in s for s in failed(parallel.pipeline_checks(runs, machine(2))))
+
+
+def test_a_baseline_whose_loss_does_not_fall_fails():
+    runs = _break(pipeline_good(), parallel.BASE, lambda r: r.losses.reverse())
+    assert any("loss falls" in s for s in failed(parallel.pipeline_checks(runs, machine(0))))
+
+
+def test_idle_share_and_the_bubble():
+    assert parallel.bubble_theory(2, 1) == 0.5
+    assert parallel.bubble_theory(2, 8) == pytest.approx(1 / 9)
+    runs = pipeline_good()
+    assert parallel.idle_fraction(runs[parallel.PIPE]) == pytest.approx(0.3)
+    assert parallel.idle_fraction(runs[parallel.PIPE_1]) == pytest.approx(0.6)
+    assert parallel.idle_fraction(None) is None
+    assert parallel.idle_fraction(run("x", [rank(0)])) is None  # no timings: no figure
+
+
+# ---- one GPU: the 2-rank runs explain themselves, nothing fails ----------------------------------
+
+
+def test_on_one_gpu_the_two_rank_runs_are_explained_and_the_checks_hold():
+    one = machine(1)
+    two_ranks, why = parallel.two_rank_note(one)
+    assert not two_ranks and "Kaggle" in why
+    base = parallel.ParallelSpec(kind="dense")
+    solo = rank(0, n_params=1000, peak_gpu_allocated_bytes=GiB)
+    runs = {parallel.BASE: run(parallel.BASE, [solo])}
+    for label in (parallel.DP, parallel.PIPE, parallel.PIPE_1):
+        runs[label] = parallel.not_here(replace(base, label=label, world_size=2), why)
+    assert failed(parallel.pipeline_checks(runs, one)) == []
+    assert bench.explained(runs[parallel.PIPE]) and runs[parallel.PIPE].message == why
+    assert parallel.two_rank_note(machine(0))[0] and parallel.two_rank_note(machine(2))[0]
+
+
+# ---- mixture of experts --------------------------------------------------------------------------
+
+
+def moe_good(gpu: bool = False) -> dict:
+    peak = (lambda b: {"peak_gpu_allocated_bytes": b}) if gpu else (lambda b: {})
+    counts = [[30, 34, 28, 36], [32, 32, 33, 31]]  # 2 layers x 4 experts: 128 tokens each
+    half = [[[15, 17, 14, 18], [16, 16, 16, 16]], [[15, 17, 14, 18], [16, 16, 17, 15]]]
+    moe = dict(aux_losses=[1.1, 1.05], dense_params=500)
+    return {
+        parallel.MOE_1: run(parallel.MOE_1, [rank(0, expert_params=800, experts_held=[0, 1, 2, 3],
+                                                  expert_counts=counts, tokens=128, **moe,
+                                                  **peak(4 * GiB))]),
+        parallel.MOE_2: run(parallel.MOE_2, [
+            rank(0, expert_params=400, experts_held=[0, 1], expert_counts=half[0], tokens=64, **moe,
+                 **peak(3 * GiB)),
+            rank(1, expert_params=400, experts_held=[2, 3], expert_counts=half[1], tokens=64, **moe,
+                 **peak(3 * GiB))]),
+    }
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_a_good_moe_run_passes(gpus):
+    assert failed(parallel.moe_checks(moe_good(gpus > 0), machine(gpus))) == []
+
+
+MOE_BREAKAGES = {
+    "experts not split": (lambda r: [x.update(expert_params=800) for x in r.ranks],
+                          "half of the experts"),
+    "dense part split": (lambda r: r.ranks[1].update(dense_params=250), "whole dense part"),
+    "no per-rank data": (lambda r: r.ranks.clear(), "half of the experts"),
+    "losses disagree": (lambda r: r.losses.__setitem__(2, 5.0), "losses match"),
+    "tokens lost by the gate": (lambda r: r.ranks[0]["expert_counts"][1].__setitem__(0, 1),
+                                "counts add up"),
+    "aux loss not finite": (lambda r: r.ranks[0]["aux_losses"].append(float("nan")),
+                            "load-balancing"),
+}
+
+
+@pytest.mark.parametrize("name", MOE_BREAKAGES)
+def test_a_bad_moe_run_fails(name):
+    change, words = MOE_BREAKAGES[name]
+    bad = failed(parallel.moe_checks(_break(moe_good(), parallel.MOE_2, change), machine(0)))
+    assert any(words in sentence for sentence in bad), bad
+
+
+def test_moe_figures_come_from_the_ranks():
+    runs = moe_good()
+    assert parallel.expert_tokens(runs[parallel.MOE_1]) == [62, 66, 61, 67]
+    two = runs[parallel.MOE_2]
+    assert parallel.tokens_routed(two, 1) == parallel.tokens_seen(two) == 128
+    sizes = parallel.moe_sizes(runs[parallel.MOE_1], experts=4)
+    assert sizes == {"total": 1300, "active": 700, "dense": 500, "experts": 800}
+    assert parallel.moe_sizes(None, 4) == {}
+    assert "2, 3" in str(parallel.moe_table(runs))
+
+
+# ---- AutoTP --------------------------------------------------------------------------------------
+
+
+def tp_good(gpu: bool = False) -> dict:
+    peak = (lambda b: {"peak_gpu_allocated_bytes": b}) if gpu else (lambda b: {})
+    return {parallel.TP_1: run(parallel.TP_1, [rank(0, n_params=1000, **peak(4 * GiB))]),
+            parallel.TP_2: run(parallel.TP_2, [rank(0, n_params=510, **peak(3 * GiB)),
+                                               rank(1, n_params=510, **peak(3 * GiB))])}
+
+
+def test_autotp_checks_hold_on_a_good_run_and_fail_on_bad_ones():
+    assert failed(parallel.tp_checks(tp_good(), machine(0))) == []
+    whole = _break(tp_good(), parallel.TP_2, lambda r: [x.update(n_params=1000) for x in r.ranks])
+    assert any("at most" in s for s in failed(parallel.tp_checks(whole, machine(0))))
+    drift = _break(tp_good(), parallel.TP_2, lambda r: r.losses.__setitem__(5, 4.0))
+    assert any("losses match" in s for s in failed(parallel.tp_checks(drift, machine(0))))
+    one_rank = _break(tp_good(), parallel.TP_2, lambda r: r.ranks.pop())
+    assert any("2 ranks reported" in s for s in failed(parallel.tp_checks(one_rank, machine(0))))
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+
+
+def refusals(**override) -> bench.RunResult:
+    found = [{"combination": name, "refused": True, "error": f"AssertionError: x {words} y"}
+             for name, (words, _) in parallel.REFUSALS.items()]
+    for item in found:
+        item.update(override.get(item["combination"], {}))
+    return run("refusals", [rank(0, refusals=found)])
+
+
+def test_refusals_hold_when_deepspeed_refuses_with_its_words():
+    assert failed(parallel.refusal_checks(refusals())) == []
+    assert "incompatible with pipeline" in str(parallel.refusal_table(refusals()))
+
+
+@pytest.mark.parametrize("change, combination", [
+    ({"refused": False, "error": ""}, "pipeline + ZeRO-2"),  # DeepSpeed accepts it one day
+    ({"error": "RuntimeError: out of memory"}, "MoE + ZeRO-3"),  # refused for another reason
+])
+def test_a_refusal_check_fails_when_deepspeed_changes(change, combination):
+    bad = failed(parallel.refusal_checks(refusals(**{combination: change})))
+    assert any(s.startswith(combination) for s in bad), bad
+
+
+def test_a_refusal_run_with_no_answer_fails():
+    empty = run("refusals", [], status=bench.ERROR, message="ImportError: no deepspeed")
+    bad = failed(parallel.refusal_checks(empty))
+    assert "the refusal run came back" in bad and len(bad) == 1 + len(parallel.REFUSALS)
+
+
+# ---- the runner's input and output ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"kind": "tensor"}, "kind 'tensor' is not one of"),
+    ({"world_size": 3, "stages": 2}, "not a multiple of stages"),
+    ({"world_size": 2, "micro_batches": 3}, "do not split evenly"),
+    ({"kind": "moe", "experts": 3, "ep_size": 2, "world_size": 2, "micro_batches": 2},
+     "do not split over ep_size=2"),
+    ({"steps": 0}, "at least 1"),
+])
+def test_a_bad_spec_is_refused_in_one_line_before_any_process_starts(change, words):
+    spec = replace(parallel.ParallelSpec(kind="dense", label="bad"), **change)
+    with pytest.raises(ValueError) as caught:
+        parallel.measure(spec)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_merge_needs_every_rank_and_every_rank_ok():
+    spec = parallel.ParallelSpec(kind="pipeline", world_size=2, stages=2)
+    missing = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0)], spec)
+    assert missing.status == bench.ERROR and "1 of 2 ranks reported" in missing.message
+    broken = parallel.merge(bench.RunResult("p", bench.ERROR),
+                            [rank(0), {"rank": 1, "status": bench.ERROR, "message": "boom"}], spec)
+    assert broken.status == bench.ERROR and broken.message == "boom"
+    good = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0), rank(1)], spec)
+    assert good.status == bench.OK and good.median_step_s == 1.0
+    assert good.tokens_per_s == parallel.global_tokens(spec)
+
+
+def test_a_worker_error_comes_back_as_one_explained_line():
+    """A real subprocess: an unknown model shape fails inside the worker, and the result says so."""
+    spec = parallel.ParallelSpec(kind="autotp", label="bad shape", tp_shape="no-such-shape",
+                                 steps=1)
+    result = parallel.measure(spec)
+    assert result.status == bench.ERROR and "unknown model shape 'no-such-shape'" in result.message
+    assert not bench.explained(result) and "\n" not in result.message
+
+
+# ---- what the notebook shows, on a CPU, 1 GPU and 2 GPUs -----------------------------------------
+
+
+def _one_gpu_sections(why: str) -> tuple[dict, dict, dict]:
+    base = parallel.ParallelSpec(kind="dense")
+    pipe = {parallel.BASE: pipeline_good(True)[parallel.BASE]}
+    moe = {parallel.MOE_1: moe_good(True)[parallel.MOE_1]}
+    tp = {parallel.TP_1: tp_good(True)[parallel.TP_1]}
+    for section, labels in ((pipe, (parallel.DP, parallel.PIPE, parallel.PIPE_1)),
+                            (moe, (parallel.MOE_2,)), (tp, (parallel.TP_2,))):
+        for label in labels:
+            section[label] = parallel.not_here(replace(base, label=label, world_size=2), why)
+    return pipe, moe, tp
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_tables_figures_takeaways_and_summary_render(gpus):
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    env = machine(gpus)
+    if gpus == 1:
+        pipe, moe, tp = _one_gpu_sections(parallel.two_rank_note(env)[1])
+    else:
+        pipe, moe, tp = pipeline_good(gpus > 0), moe_good(gpus > 0), tp_good(gpus > 0)
+    for table in (parallel.runs_table(pipe, "p", env), parallel.runs_table(moe, "m", env),
+                  parallel.runs_table(tp, "t", env), parallel.moe_table(moe),
+                  parallel.dimensions_table()):
+        assert str(table) and table._repr_html_()
+    figures = [parallel.three_d_figure(), parallel.plot_memory_speed({**pipe, **moe, **tp}, env),
+               parallel.loss_curves(pipe, moe, tp),
+               parallel.plot_expert_tokens(moe[parallel.MOE_2 if gpus != 1 else parallel.MOE_1])]
+    plt.close("all")
+    assert len(figures) == 4
+    lines = parallel.takeaways(pipe, moe, tp, refusals(), env, experts=4)
+    assert any("refused pipeline + ZeRO-2" in line for line in lines)
+    assert any("Kaggle" in line for line in lines) == (gpus == 1)
+    checks = (parallel.refusal_checks(refusals()) + parallel.pipeline_checks(pipe, env)
+              + parallel.moe_checks(moe, env) + parallel.tp_checks(tp, env))
+    assert failed(checks) == []
+    text = parallel.summary(pipe, moe, tp, refusals(), checks)
+    # The checked output reads the same on a CPU, 1 GPU and 2 GPUs.
+    assert text == parallel.summary(*pipeline_moe_tp_cpu(), refusals(), checks)
+    assert "all checks held: True" in text
+
+
+def pipeline_moe_tp_cpu() -> tuple[dict, dict, dict]:
+    return pipeline_good(), moe_good(), tp_good()
+
+
+# ---- the training step of helpers.parallel_models, on a stand-in engine --------------------------
+
+
+class FakeMoEEngine:
+    """What train_step needs of a DeepSpeed engine: a device, a forward returning (loss, aux,
+    counts) as MoEGPT does, backward and step (recorded)."""
+
+    def __init__(self):
+        import torch
+
+        self.device = torch.device("cpu")
+        self.calls = []
+
+    def __call__(self, ids):
+        import torch
+
+        n = int(ids.sum())
+        return torch.tensor(float(n)), torch.tensor(1.0), [[n, 1], [2, n]]
+
+    def backward(self, loss):
+        self.calls.append(("backward", float(loss)))
+
+    def step(self):
+        self.calls.append(("step",))
+
+
+def test_train_step_adds_expert_counts_per_expert_and_weights_the_aux_loss():
+    import torch
+
+    from helpers import parallel_models
+
+    engine = FakeMoEEngine()
+    out = parallel_models.train_step(engine, [torch.tensor([1, 2]), torch.tensor([3, 4])],
+                                     aux_coef=0.5)
+    assert out["counts"] == [[3 + 7, 2], [4, 3 + 7]]  # summed per expert, not concatenated
+    assert out["loss"] == 5.0 and out["aux"] == 1.0
+    assert engine.calls == [("backward", 3.5), ("step",), ("backward", 7.5), ("step",)]
