@@ -6,27 +6,35 @@ package never pulls in torch or DeepSpeed by itself.
 The layers, bottom first. A module imports only from layers below its own (tests/test_layers.py
 enforces it, lazy imports inside functions included), so there are no import cycles:
 
-0. units, tables, cli, colab, deepspeed_fixes, data, accounting: formatting, command lines,
-   installs, text, the bytes a DeepSpeed rank holds
-1. claims, plots, models: the shared check rules, figures, model shapes and offline checkpoints
+0. units, tables, cli, colab, deepspeed_fixes, data, accounting, rss_trace: formatting, command
+   lines, installs, text, the bytes a DeepSpeed rank holds, host RAM per phase of a run
+1. claims, plots, models, verdict, parallel_models: the shared check rules, figures, model shapes
+   and offline checkpoints, the three-way memory verdict (fits / tight / does not fit), notebook
+   08's models (a GPT as pipeline layers, a mixture-of-experts GPT) and training steps
 2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
 3. dist, memory: one-process distributed setup; the memory estimator (pure arithmetic)
 4. config_check: every value DeepSpeed would reject, found before an engine starts
 5. config: build, explain, save and load DeepSpeed configs
 6. bench, doctor: one run in a subprocess (the runner); ds_report explained
 7. matrix, infinity, train, machine_check: notebook-level logic (05, 06, 04, 01)
-8. widgets, zero_picture, three_ways: notebook 03's form, the ZeRO picture, notebook 07's paths
+8. widgets, zero_picture, three_ways, measurements, offload_speed: notebook 03's form, the ZeRO
+   picture, notebook 07's paths, the stored memory measurements and the estimator checked against
+   them, notebook 05's faster offload; parallel: notebook 08's pipeline, MoE and AutoTP runs
+9. sizing: ``python -m helpers.sizing``, any model's memory per stage and offload with the verdict,
+   beside DeepSpeed's and Accelerate's estimators
 """
 
 #: The layers above, as data (bottom first): what tests/test_layers.py checks.
 LAYERS: list[list[str]] = [
-    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data", "accounting"],
-    ["claims", "plots", "models"],
+    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data", "accounting",
+     "rss_trace"],
+    ["claims", "plots", "models", "verdict", "parallel_models"],
     ["env", "libaio"],
     ["dist", "memory"],
     ["config_check"],
     ["config"],
     ["bench", "doctor"],
     ["matrix", "infinity", "train", "machine_check"],
-    ["widgets", "zero_picture", "three_ways"],
+    ["widgets", "zero_picture", "three_ways", "measurements", "offload_speed", "parallel"],
+    ["sizing"],
 ]

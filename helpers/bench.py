@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from helpers import accounting, dist, units
+from helpers import accounting, dist, rss_trace, units
 from helpers import env as kit_env
 from helpers.tables import Table
 
@@ -78,6 +78,7 @@ class RunResult:
     peak_nvme_bytes: int = 0
     wall_s: float = 0.0
     ranks: list[dict] = field(default_factory=list)
+    rss_phases: list[dict] = field(default_factory=list)  # rank 0's helpers.rss_trace phases
 
 
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
@@ -109,8 +110,10 @@ def _worker(spec_path: str) -> int:
     out_dir = Path(spec.pop("out_dir"))
     rank = int(os.environ.get("RANK", "0"))
     result: dict = {"rank": rank, "status": ERROR, "message": ""}
+    trace = rss_trace.PhaseTrace()
+    trace.enter("imports, process group")
     try:
-        train_steps(RunSpec(**spec), result)
+        train_steps(RunSpec(**spec), result, trace)
         result["status"] = OK
     except BaseException as err:  # report every failure as JSON; the parent explains it
         result["status"] = OOM if kit_env.is_out_of_memory(err) else ERROR
@@ -118,14 +121,17 @@ def _worker(spec_path: str) -> int:
         result["message"] = (_oom_message(str(err), spec.get("gpu_cap_bytes")) if result["status"] == OOM else
                              f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])
     finally:
+        result["rss_phases"] = trace.stop()
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     return 0 if result["status"] == OK else 3
 
 
-def train_steps(spec: RunSpec, result: dict) -> None:
+def train_steps(spec: RunSpec, result: dict, trace: rss_trace.PhaseTrace | None = None) -> None:
     """The engine loop every measured run executes, in its subprocess: notebook 07's lesson
     (``deepspeed.initialize``, then ``engine(batch)``, ``engine.backward(loss)``, ``engine.step()``)
-    with the kit's measurements around it (bytes each rank holds, step times, peak GPU memory)."""
+    with the kit's measurements around it (bytes each rank holds, step times, peak GPU memory, and
+    ``trace``'s host RSS per phase)."""
+    enter = trace.enter if trace else (lambda phase: None)
     import torch
 
     from helpers import data, models
@@ -156,9 +162,11 @@ def train_steps(spec: RunSpec, result: dict) -> None:
         from transformers.integrations import HfDeepSpeedConfig
 
         keep_alive = HfDeepSpeedConfig(config)
+    enter("model built")
     model = models.build_model(model_config, seed=spec.seed)
     if spec.grad_ckpt:
         model.gradient_checkpointing_enable()
+    enter("deepspeed.initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     tokenizer = models.ByteTokenizer()
@@ -172,10 +180,12 @@ def train_steps(spec: RunSpec, result: dict) -> None:
                                               + (")" if cuda else " on CPU)"))
         batch = batch.to(engine.device)
         start = time.perf_counter()
+        enter("forward and backward")
         loss = engine(input_ids=batch, labels=batch).loss
         engine.backward(loss)
         if step == 0:
             result["grads_bytes"] = accounting.held_bytes(engine)["grads_bytes"]
+        enter("optimizer step")
         engine.step()
         if step == 0:  # Adam's moments exist after the first step
             result.update({k: v for k, v in accounting.held_bytes(engine).items() if k != "grads_bytes"})
@@ -354,6 +364,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.skipped_steps = first.get("skipped_steps", 0)
     result.steps_done = first.get("steps_done", 0)
     result.step_times_s = first.get("step_times_s", [])
+    result.rss_phases = first.get("rss_phases", [])
     timed = result.step_times_s[1:] or result.step_times_s
     if timed:
         result.median_step_s = sorted(timed)[len(timed) // 2]

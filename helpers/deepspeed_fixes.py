@@ -8,6 +8,8 @@ helpers.train do). In your own project you need them only where the bug bites (s
 from __future__ import annotations
 
 _MARK = "_zero_kit_fixed"
+#: Elements checked at a time by :func:`inf_or_nan_in_slices` (16 Mi: 32 MiB of fp16 per check).
+OVERFLOW_SLICE_NUMEL = 1 << 24
 
 
 def fix_zero_init_dtype() -> bool:
@@ -50,6 +52,64 @@ def fix_zero_init_dtype() -> bool:
     return True
 
 
+def inf_or_nan_in_slices(flat, slice_numel: int | None = None) -> bool:
+    """Whether a tensor holds an inf or a NaN, checked a slice at a time so that the temporaries
+    (``abs``, the boolean masks) stay the size of a slice, not of the tensor."""
+    import torch
+
+    slice_numel = slice_numel or OVERFLOW_SLICE_NUMEL
+    flat = flat.reshape(-1)
+    for start in range(0, flat.numel(), slice_numel):
+        if not bool(torch.isfinite(flat.narrow(0, start, min(slice_numel, flat.numel() - start))).all()):
+            return True
+    return False
+
+
+def fix_stage3_overflow_check() -> bool:
+    """Check ZeRO-3's offloaded gradients for inf/NaN in slices (DeepSpeed 0.19.8 and earlier).
+
+    ``DeepSpeedZeroOptimizer_Stage3.has_overflow`` runs ``torch.isinf(buffer).any()`` and
+    ``torch.isnan(buffer).any()`` over the whole flat gradient buffer at once. With the optimizer
+    offloaded that buffer lives in host RAM, and ``isinf`` materialises ``abs(buffer)`` plus a
+    boolean mask: about 3 bytes per parameter for an fp16 buffer, for a moment, inside
+    ``engine.step()`` (+4.35 GiB at GPT-2 XL's 1.56B parameters, the largest transient of the step:
+    it decides whether 2.7B fits in Colab's 12.7 GB). The fix checks a host-RAM buffer slice by
+    slice (:func:`inf_or_nan_in_slices`), records the answer where DeepSpeed keeps it, and lets
+    DeepSpeed's own method do the rest (the all-reduce of the flag across ranks) on a one-element
+    stand-in. Buffers on the GPU take DeepSpeed's path unchanged.
+
+    Returns True when this call installed the fix, False when it was already in place.
+    """
+    import torch
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    if getattr(Stage3.has_overflow, _MARK, False):
+        return False
+    original = Stage3.has_overflow
+
+    def has_overflow(self, partition_gradients=True):
+        flat = getattr(self, "grad_partitions_flat_buffer", None)
+        if not (partition_gradients and isinstance(flat, torch.Tensor) and flat.device.type == "cpu"):
+            return original(self, partition_gradients)
+        if inf_or_nan_in_slices(flat):
+            self.inf_or_nan_tracker.fill_(True)
+        self.grad_partitions_flat_buffer = torch.zeros(1, dtype=flat.dtype)  # finite: adds nothing
+        try:
+            return original(self, partition_gradients)
+        finally:
+            self.grad_partitions_flat_buffer = flat
+
+    setattr(has_overflow, _MARK, True)
+    has_overflow.__wrapped__ = original
+    Stage3.has_overflow = has_overflow
+    return True
+
+
+#: Every workaround, by what it does: :func:`apply_all` installs them in this order.
+FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
+         ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check))
+
+
 def apply_all() -> list[str]:
     """Install every workaround; returns the names of those this call installed."""
-    return [name for name, fix in (("zero.Init keeps the given dtype", fix_zero_init_dtype),) if fix()]
+    return [name for name, fix in FIXES if fix()]

@@ -217,6 +217,55 @@ def plot_largest(rungs: list[Rung]):
     return fig
 
 
+#: The phases of a run's host RSS (helpers.rss_trace, recorded by helpers.bench), as the table names them.
+RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
+              ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step")]
+#: What the optimizer step may add to host RSS over forward and backward, per parameter, at most.
+#: DeepSpeed's own overflow check added 3 bytes (GPT-2 XL, +4.35 GiB); helpers.deepspeed_fixes
+#: checks in slices; other consumers of the step rose by 0.5 GiB or less (0.3 bytes/param at XL).
+STEP_RISE_BYTES_PER_PARAM = 1.5
+STEP_RISE_FLOOR = 256 * 2**20  # small models: allocator noise, not a per-parameter cost
+
+
+def phase_peaks(result: bench.RunResult) -> dict[str, int]:
+    """Peak host RSS per phase of one run (empty when the run recorded none)."""
+    return {p["name"]: p["peak_bytes"] for p in result.rss_phases}
+
+
+def step_rise(result: bench.RunResult) -> int | None:
+    """How far the optimizer step's RSS peak rose above forward and backward's (None: not recorded)."""
+    peaks = phase_peaks(result)
+    if "optimizer step" not in peaks or "forward and backward" not in peaks:
+        return None
+    return peaks["optimizer step"] - peaks["forward and backward"]
+
+
+def step_rise_ok(result: bench.RunResult, n_params: int) -> bool:
+    """The optimizer step's transient stays under :data:`STEP_RISE_BYTES_PER_PARAM` (or the floor)."""
+    rise = step_rise(result)
+    return rise is not None and rise <= max(STEP_RISE_FLOOR, STEP_RISE_BYTES_PER_PARAM * n_params)
+
+
+def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
+    """Every ZeRO-3 + NVMe rung that ran: its step time against the disk's lower bound, and where
+    host RAM went (peak RSS per phase of the run, GiB)."""
+    rows = []
+    for r in rungs:
+        if r.method != "ZeRO-3 + NVMe" or r.result.status != bench.OK:
+            continue
+        info = memory.ModelInfo.for_shape(r.shape)
+        bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s)
+        step = r.result.median_step_s
+        peaks = phase_peaks(r.result)
+        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", units.seconds(step), units.seconds(bound),
+                     f"{step / bound:.1f}x" if step and bound else "-",
+                     *(units.gib(peaks.get(name)) for name, _ in RSS_PHASES),
+                     units.gib(r.result.peak_host_rss_bytes or None)))
+    return Table(["model", "parameters", "s/step", "disk bound s", "vs bound",
+                  *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)"], rows,
+                 title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")
+
+
 def starting_loss_ok(result: bench.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
     """The first loss is near ln(vocab), as a freshly initialised model's should be (not ~100)."""
     return bool(result.losses) and abs(result.losses[0] - math.log(vocab)) <= tolerance
@@ -253,6 +302,9 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                 ("NVMe runs start from a normal loss (about ln of the vocabulary, not ~100)",
                  claims.every(starting_loss_ok(r.result, vocab(r)) for r in nvme_ok))]
         out += [claims.loss_falls_claim(f"{r.shape} ZeRO-3 + NVMe", r.result.losses) for r in nvme_ok]
+        out.append((f"the optimizer step adds at most {STEP_RISE_BYTES_PER_PARAM:g} bytes/param of host RAM"
+                    " over forward and backward (ZeRO-3 + NVMe; DeepSpeed's own overflow check added 3)",
+                    claims.every(step_rise_ok(r.result, r.n_params) for r in nvme_ok)))
     if headline:
         top = next((r for r in nvme_ok if r.shape == headline), None)
         res = top.result if top else None
@@ -293,6 +345,14 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
         gpu = f"{r.result.peak_gpu_allocated_bytes / GiB:.2f} GiB GPU, " if environment.has_gpu else ""
         lines.append(f"{method}: up to {r.shape} ({r.n_params / 1e6:,.0f}M parameters), {gpu}"
                      f"{r.result.peak_host_rss_bytes / GiB:.1f} GiB RAM, {r.result.median_step_s:.2f} s a step.")
+    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == bench.OK]
+    if nvme and phase_peaks(nvme[-1].result):
+        top = nvme[-1]
+        peaks, rise = phase_peaks(top.result), step_rise(top.result) or 0
+        lines.append(f"Host RAM at {top.shape} under ZeRO-3 + NVMe: {peaks.get('model built', 0) / GiB:.1f}"
+                     f" GiB once built, {peaks.get('deepspeed.initialize', 0) / GiB:.1f} GiB after "
+                     f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
+                     f"backward ({rise / top.n_params:.2f} bytes/param).")
     stopped = [r for r in rungs if r.result.status not in (bench.OK, bench.NOT_TRIED)]
     if stopped:
         first = stopped[0]

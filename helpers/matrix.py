@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from helpers import bench, claims, config, libaio, memory, units
 from helpers import env as kit_env
 from helpers.tables import Table
-from helpers.units import GB, GiB
+from helpers.units import GiB
 
 #: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
 CONFIGS: list[tuple[str, dict]] = [
@@ -135,10 +135,15 @@ def _losses_match(base: list[float], other: list[float], first_tol: float, all_t
 
 
 def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
-           gpu_rtol: float = 0.15) -> list[claims.Claim]:
+           gpu_rtol: float = 0.15, model: str = "") -> list[claims.Claim]:
     """The claims notebook 05 asserts, each (claim, held). Each can fail on a bad run: stage 0 must
     run, at least one offload row must run, NVMe must run where libaio is ready, and at least two
-    ZeRO rows must have losses to compare with stage 0 (an empty comparison fails)."""
+    ZeRO rows must have losses to compare with stage 0 (an empty comparison fails). Offloaded rows
+    are compared with their plain stage where both were asked for. ``model`` prefixes each claim."""
+    if model:
+        return [(f"{model}: {sentence}", held)
+                for sentence, held in checks(rows, environment, nvme_ready, gpu_rtol)]
+    asked = {r.label for r in rows}
     ok = {r.label: r for r in rows if r.result.status == bench.OK}
     offload = [r for r in rows if r.choice.get("offload_optimizer", "none") != "none"]
     out = [("every config ran, or hit a limit, or says why it did not run (no errors)",
@@ -146,7 +151,7 @@ def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
            ("stage 0 ran (the baseline every row is compared with)", "stage 0" in ok),
            ("at least one offload config ran", any(r.label in ok for r in offload))]
     nvme = [r for r in rows if "nvme" in r.choice.values()]
-    if nvme_ready:
+    if nvme_ready and nvme:  # where an NVMe row was asked for
         out.append(("libaio is ready here, so the NVMe row ran", claims.every(r.label in ok for r in nvme)))
     base = ok.get("stage 0")
     first_tol, all_tol = loss_tolerance(environment)
@@ -159,6 +164,8 @@ def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
     out.append(claims.loss_falls_claim("stage 0", base.result.losses if base else []))
     if environment.has_gpu:
         for plain, offloaded in (("stage 2", "stage 2 + CPU offload"), ("stage 3", "stage 3 + CPU offload")):
+            if not {plain, offloaded} <= asked:
+                continue
             both = plain in ok and offloaded in ok
             out.append((f"{offloaded} uses less GPU memory than {plain}" + ("" if both else " (one did not run)"),
                         both and ok[offloaded].result.peak_gpu_allocated_bytes
@@ -289,23 +296,6 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
     return out
 
 
-def prediction_table(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int, seq_len: int, grad_ckpt: bool = True):
-    """Predicted GPU / host / NVMe GiB of every row of the stage and offload matrix, and whether it fits."""
-    on_gpu = environment.has_gpu
-    gpu_limit = environment.vram_total_bytes if on_gpu else None
-    rows = []
-    for label, choice in CONFIGS:
-        ds = config_for(choice, model, environment, micro_batch)
-        est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=grad_ckpt, on_gpu=on_gpu)
-        ok = memory.fits(est, gpu_limit, environment.ram_budget_bytes, environment.disk_free_bytes)
-        rows.append((label, f"{est.total('gpu') / GiB:.2f}" if on_gpu else "-", f"{est.total('cpu') / GiB:.2f}",
-                     f"{est.total('nvme') / GiB:.2f}" if est.total("nvme") else "-",
-                     "yes" if all(ok.values()) else "no: " + ", ".join(k for k, v in ok.items() if not v)))
-    limit = f"{gpu_limit / GiB:.1f} GiB GPU, " if gpu_limit else ""
-    return Table(["config", "GPU GiB", "host GiB", "NVMe GiB", "fits here?"], rows,
-                 title=f"Predicted for {model.name} at {micro_batch} x {seq_len} ({limit}{environment.ram_budget_bytes / GB:.1f} GB RAM)")
-
-
 def _rows_option(value: str) -> list[str]:
     """``--only``'s type: comma-separated rows of :data:`CONFIGS`."""
     known = [label for label, _ in CONFIGS]
@@ -340,8 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(bench.explained(r.result) for r in rows) else 1
 
 
-def takeaways(rows: list[Row], environment: kit_env.Environment) -> list[str]:
-    """Notebook 05's summary: what the stages and offload did on this machine, from this run."""
+def takeaways(rows: list[Row], environment: kit_env.Environment, other: list[Row] | None = None,
+              extra: list[str] | None = None) -> list[str]:
+    """Notebook 05's summary: what the stages and offload did on this machine, from this run (with
+    ``other``, another model shape's rows beside these: :func:`shape_takeaway`; ``extra`` lines
+    before the next step)."""
     ok = {r.label: r.result for r in rows if r.result.status == bench.OK}
     where = "GPU" if environment.has_gpu else "host RAM (no GPU: everything lives in RAM)"
     peak = (lambda r: r.peak_gpu_allocated_bytes) if environment.has_gpu else (lambda r: r.peak_host_rss_bytes)
@@ -364,8 +357,27 @@ def takeaways(rows: list[Row], environment: kit_env.Environment) -> list[str]:
     if base and base.losses:
         lines.append(f"Every config that ran started at loss {base.losses[0]:.3f}: ZeRO moves bytes, not the math "
                      f"(stage 0 ended at {base.losses[-1]:.3f}).")
+    if other is not None:
+        lines.append(shape_takeaway(rows, other, environment))
+    lines += extra or []
     lines.append("Next: 06 · the biggest model a T4 can train, with ZeRO-3 and NVMe offload tuned to fit.")
     return lines
+
+
+def shape_takeaway(rows: list[Row], other: list[Row], environment: kit_env.Environment) -> str:
+    """One line: two models (say GPT-2 and a Llama-style one of the same size) under the same
+    configs, their peaks and step times side by side, from this run."""
+    place = "GPU" if environment.has_gpu else "host RAM"
+    peak = (lambda r: r.peak_gpu_allocated_bytes) if environment.has_gpu else (lambda r: r.peak_host_rss_bytes)
+    mine = {r.label: r for r in rows if r.result.status == bench.OK}
+    pairs = [(r.label, mine[r.label].result, r.result) for r in other
+             if r.result.status == bench.OK and r.label in mine]
+    if not pairs or not rows or not other:
+        return "The two model shapes had no config that ran under both."
+    a, b = rows[0].spec.shape if rows[0].spec else "first", other[0].spec.shape if other[0].spec else "second"
+    cells = "; ".join(f"{label} {(peak(x) or 0) / GiB:.2f} vs {(peak(y) or 0) / GiB:.2f} GiB, "
+                      f"{x.median_step_s or 0:.2f} vs {y.median_step_s or 0:.2f} s/step" for label, x, y in pairs)
+    return f"Peak {place}, {a} vs {b}: {cells}."
 
 
 def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environment, mistakes_caught: int,

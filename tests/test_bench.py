@@ -24,6 +24,14 @@ def test_ok_run_reports_every_field():
     assert r.median_step_s > 0 and r.tokens_per_s > 0 and r.peak_host_rss_bytes > 100 * 2**20
     assert r.n_params == 3_382_080 and r.ranks[0]["params_bytes"] == 4 * r.n_params
     assert json.loads(json.dumps(dataclasses.asdict(r)))["status"] == "ok"
+    # Host RSS per phase of the run (helpers.rss_trace), in the order the phases began.
+    phases = {p["name"]: p for p in r.rss_phases}
+    assert list(phases) == ["imports, process group", "model built", "deepspeed.initialize",
+                            "forward and backward", "optimizer step"]
+    assert phases["optimizer step"]["entries"] == phases["forward and backward"]["entries"] == 3
+    assert all(0 < p["start_bytes"] <= p["peak_bytes"] for p in r.rss_phases)
+    # The parent samples every 100 ms, the trace every 20 ms: the trace sees at least its peak.
+    assert max(p["peak_bytes"] for p in r.rss_phases) >= 0.95 * r.peak_host_rss_bytes
 
 
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):

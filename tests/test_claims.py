@@ -106,13 +106,47 @@ def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
     assert "stage 2 + CPU offload uses less GPU memory than stage 2 (one did not run)" in bad
 
 
+def test_a_subset_of_rows_is_held_to_its_own_pairs_and_names_its_model(cpu):
+    gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
+    labels = ["stage 0", "stage 2", "stage 2 + CPU offload"]  # notebook 05's Llama-style rows
+    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30)
+            for label, choice in matrix.CONFIGS if label in labels]
+    found = matrix.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")
+    assert failed(found) == [] and all(c.startswith("smollm2-360m-shaped: ") for c, _ in found)
+    assert not any("stage 3" in c for c, _ in found)
+    rows[2] = _row("stage 2 + CPU offload", rows[2].choice, gpu=3 * 2**30)  # offload saved nothing
+    assert ("smollm2-360m-shaped: stage 2 + CPU offload uses less GPU memory than stage 2"
+            in failed(matrix.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")))
+
+
+def test_two_shapes_side_by_side_quote_both_runs(cpu):
+    def rows(shape, gib):
+        out = [_row(label, choice, gpu=gib * 2**30) for label, choice in matrix.CONFIGS[:3]]
+        for r in out:
+            r.spec = bench.RunSpec(ds_config={}, shape=shape)
+            r.result.median_step_s = gib / 10
+        return out
+
+    gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
+    line = matrix.shape_takeaway(rows("gpt2-355m", 5), rows("smollm2-360m-shaped", 6), gpu)
+    assert line.startswith("Peak GPU, gpt2-355m vs smollm2-360m-shaped: stage 0 5.00 vs 6.00 GiB, 0.50 vs 0.60")
+    none_ran = [_row(label, choice, status=bench.OOM) for label, choice in matrix.CONFIGS[:3]]
+    assert "no config that ran under both" in matrix.shape_takeaway(rows("gpt2-355m", 5), none_ran, gpu)
+
+
 # ---- notebook 06: the ladder ------------------------------------------------------------------------
+
+
+def _phases(forward_backward=2**30, step=2**30 + 10 * 2**20):
+    return [{"name": "forward and backward", "start_bytes": 2**29, "peak_bytes": forward_backward, "entries": 6},
+            {"name": "optimizer step", "start_bytes": 2**29, "peak_bytes": step, "entries": 6}]
 
 
 def _rung(shape, method, status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
     result = bench.RunResult(f"{shape} {method}", status, "" if status == bench.OK else f"{status} (test)",
                              losses=list(losses) if status == bench.OK else [], steps_done=steps,
-                             peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30)
+                             peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30,
+                             rss_phases=_phases())
     return infinity.Rung(shape, method, result, 1)
 
 
@@ -182,6 +216,25 @@ def test_a_headline_that_fits_under_stage_0_fails(cpu):
     rungs = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _ladder()]
     bad = failed(infinity.checks(rungs, t4(cpu), "gpt2-1.5b", True))
     assert "gpt2-1.5b under stage 0 runs out of GPU memory" in bad
+
+
+STEP_CLAIM = "the optimizer step adds at most"
+
+
+@pytest.mark.parametrize("phases, why", [
+    (_phases(step=2**30 + int(3 * 1.56e9)), "DeepSpeed's own overflow check: +3 bytes/param at XL"),
+    ([], "no phases recorded"),
+    (_phases()[:1], "no optimizer step recorded"),
+])
+def test_an_optimizer_step_that_swells_host_ram_fails(cpu, phases, why):
+    rungs = _ladder()
+    top = rungs[-1]
+    top.n_params = int(1.56e9)
+    top.result.rss_phases = phases
+    bad = failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    assert any(c.startswith(STEP_CLAIM) for c in bad), why
+    top.result.rss_phases = _phases(step=2**30 + int(0.3 * 1.56e9))  # what the other consumers add
+    assert failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == []
 
 
 def test_a_start_far_from_ln_vocab_fails(cpu):

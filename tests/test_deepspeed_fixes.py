@@ -56,3 +56,83 @@ def test_apply_all_is_idempotent():
 
     deepspeed_fixes.apply_all()
     assert deepspeed_fixes.apply_all() == []
+
+
+# One fresh process: ZeRO-3 with the optimizer offloaded to the CPU (the gradient buffer in host
+# RAM), one step without the fix and one with it, recording the largest tensor DeepSpeed's overflow
+# check hands to torch.isinf / isnan / isfinite, and whether an inf planted in a gradient is seen.
+# (Its all-reduce of the flag runs too: the fix hands that part back to DeepSpeed.)
+OVERFLOW_PROBE = r"""
+import json, os, torch, torch.distributed as dist
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+import deepspeed
+from helpers import config, deepspeed_fixes, models
+deepspeed_fixes.fix_zero_init_dtype()
+deepspeed_fixes.OVERFLOW_SLICE_NUMEL = 4096
+seen = []
+for name in ("isinf", "isnan", "isfinite"):
+    def probe(x, *a, _f=getattr(torch, name), **k):
+        seen.append(x.numel())
+        return _f(x, *a, **k)
+    setattr(torch, name, probe)
+ds = config.build(stage=3, offload_optimizer="cpu", micro_batch=1, trainer=False, pin_memory=False)
+ds.pop("fp16", None), ds.pop("bf16", None)
+out = {}
+for fixed in (False, True):
+    if fixed:
+        deepspeed_fixes.fix_stage3_overflow_check()
+    model = models.build_model(models.model_config("tiny"), seed=0)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    batch = torch.randint(0, 100, (1, 16))
+    for plant in (False, True):
+        engine.backward(engine(input_ids=batch, labels=batch).loss)
+        if plant:
+            engine.optimizer.grad_partitions_flat_buffer[7] = float("inf")
+        # engine.step() runs this check for fp16 only (which a CPU lacks): call it as step() would.
+        seen.clear()
+        overflow = engine.optimizer.has_overflow(partition_gradients=True)
+        out[f"fixed={fixed} plant={plant}"] = {
+            "largest": max(seen, default=0), "overflow": overflow,
+            "buffer": engine.optimizer.grad_partitions_flat_buffer.numel()}
+        engine.optimizer.grad_partitions_flat_buffer.zero_()
+        engine.step()
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def overflow_checks():
+    done = subprocess.run([sys.executable, "-c", OVERFLOW_PROBE], capture_output=True, text=True,
+                          timeout=900, cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_without_the_fix_the_overflow_check_takes_the_whole_gradient_buffer_at_once(overflow_checks):
+    # The bug: a temporary the size of every gradient in host RAM. When DeepSpeed fixes it this
+    # fails: then drop the workaround.
+    case = overflow_checks["fixed=False plant=False"]
+    assert case["largest"] == case["buffer"] > 4096
+
+
+@pytest.mark.parametrize("plant", [False, True])
+def test_the_fix_checks_in_slices_and_still_sees_an_inf(overflow_checks, plant):
+    case = overflow_checks[f"fixed=True plant={plant}"]
+    assert 0 < case["largest"] <= 4096 < case["buffer"]
+    assert case["overflow"] is plant
+    assert overflow_checks[f"fixed=False plant={plant}"]["overflow"] is plant
+
+
+def test_slices_find_an_inf_or_nan_anywhere():
+    import torch
+
+    from helpers import deepspeed_fixes
+
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        for where in (0, 4095, 4096, 9999):
+            x = torch.zeros(10_000, dtype=torch.float16)
+            x[where] = bad
+            assert deepspeed_fixes.inf_or_nan_in_slices(x, slice_numel=4096)
+    assert not deepspeed_fixes.inf_or_nan_in_slices(torch.zeros(10_000), slice_numel=4096)

@@ -105,3 +105,20 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
     assert tiny["warmup_num_steps"] == 3 and seen["tiny stage 0 (no ZeRO)"]["warmup_max_lr"] == 1e-3
     rates = [config.learning_rate_for(n) for n in (1e6, 2e8, 5e8, 1e9, 2e9, 3e9)]
     assert rates == sorted(rates, reverse=True) and len(set(rates)) == 6
+
+
+def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
+    phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
+              for i, (n, _) in enumerate(infinity.RSS_PHASES)]
+    ran = bench.RunResult("x", bench.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
+    rungs = [infinity.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000),
+             infinity.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
+             infinity.Rung("gpt2-355m", "ZeRO-3 + NVMe", bench.RunResult("y", bench.KILLED_RAM, "RAM"), 1)]
+    bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape("gpt2-124m"), 1000.0, 2000.0)
+    table = infinity.nvme_table(rungs, 1000.0, 2000.0)
+    assert len(table.rows) == 1  # NVMe rungs that ran only
+    row = dict(zip(table.header, table.rows[0]))
+    assert row["vs bound"] == f"{10.0 / bound:.1f}x"
+    assert [row[f"RSS {label}"] for _, label in infinity.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
+    lines = infinity.takeaways(rungs, env.describe())
+    assert any("optimizer step +1.00 GiB over forward and backward (8.66 bytes/param)" in l for l in lines)

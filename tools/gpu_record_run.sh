@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU record run of notebooks 05 and 06 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
+# The GPU record run of notebooks 05, 06 and 08 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06]
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08]
 #   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 set -u
@@ -31,7 +31,11 @@ start)
   [[ $jobs == *" nbval-a "* ]] && nbval a notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
     notebooks/03_config_builder.ipynb notebooks/04_zero2_training.ipynb notebooks/07_engine_and_accelerate.ipynb
   [[ $jobs == *" nbval-05 "* ]] && nbval 05 notebooks/05_stages_and_offload.ipynb
-  [[ $jobs == *" nbval-06 "* ]] && KIT_LADDER_MINUTES=0 nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
+  # 06's ladder climbs to its headline, 2.7B (about 20 minutes), on GPU 1 when there are two.
+  [[ $jobs == *" nbval-06 "* ]] && CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) \
+    nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
+  # 08 uses both GPUs (2-rank pipeline, MoE and AutoTP runs): start it alone, or beside 1-GPU lanes only.
+  [[ $jobs == *" nbval-08 "* ]] && nbval 08 notebooks/08_beyond_data_parallelism.ipynb
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
   [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.matrix --world-size 2 --shape gpt2-124m \
@@ -59,7 +63,8 @@ for f in sorted(w.glob("runs*.jsonl")):
         print(f.stem, r["shape"], r["label"], r["status"], r["message"][:100], "gpu", gib(r["peak_gpu_allocated_bytes"]),
               "rss", gib(r["peak_host_rss_bytes"]), "nvme", gib(r["peak_nvme_bytes"]), "s/step", r["median_step_s"],
               "wall", round(r["wall_s"]), "loss", [round(x, 3) for x in r["losses"]],
-              "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]])
+              "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]],
+              "rss phases", [(p["name"], gib(p["start_bytes"]), gib(p["peak_bytes"])) for p in r.get("rss_phases", [])])
 PY
   for f in $W/job05.log $W/job06.log; do [ -f $f ] && grep -v WARNING $f | tail -n 3; done
   for f in $W/job_*.log; do [ -f $f ] && { echo "== $f"; grep -E "passed|failed|FAILED|Error|these checks failed" $f | tail -n 8; }; done
