@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU record run of notebooks 05, 06 and 08 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08]
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [grid]
 #   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 set -u
@@ -28,14 +28,21 @@ start)
     KIT_BENCH_LOG=$W/runs_$name.jsonl KIT_OFFLOAD_DIR=/tmp/kit_nvme_$name setsid nohup python3 -m pytest -q -p no:cacheprovider \
       --durations=0 "$@" > $W/job_$name.log 2>&1 < /dev/null &
   }
-  [[ $jobs == *" nbval-a "* ]] && nbval a notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
+  # With two GPUs, the 1-GPU work of lanes a and 05 goes to GPU 1 (device order "1,0"), so that GPU 0
+  # keeps room for the grid's six processes; 05's and 08's 2-rank runs use both.
+  ngpu=$(nvidia-smi -L | wc -l); flip=$([ "$ngpu" -ge 2 ] && echo "1,0" || echo "0")
+  [[ $jobs == *" nbval-a "* ]] && CUDA_VISIBLE_DEVICES=$flip nbval a notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
     notebooks/03_config_builder.ipynb notebooks/04_zero2_training.ipynb notebooks/07_engine_and_accelerate.ipynb
-  [[ $jobs == *" nbval-05 "* ]] && nbval 05 notebooks/05_stages_and_offload.ipynb
+  [[ $jobs == *" nbval-05 "* ]] && CUDA_VISIBLE_DEVICES=$flip nbval 05 notebooks/05_stages_and_offload.ipynb
   # 06's ladder climbs to its headline, 2.7B (about 20 minutes), on GPU 1 when there are two.
   [[ $jobs == *" nbval-06 "* ]] && CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) \
     nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
   # 08 uses both GPUs (2-rank pipeline, MoE and AutoTP runs): start it alone, or beside 1-GPU lanes only.
   [[ $jobs == *" nbval-08 "* ]] && nbval 08 notebooks/08_beyond_data_parallelism.ipynb
+  # The memory grid of issue 16 (tools/measure_memory_grid.py), 6 cases at a time on GPU 0.
+  [[ $jobs == *" grid "* ]] && CUDA_VISIBLE_DEVICES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme_grid setsid nohup python3 \
+    tools/measure_memory_grid.py --out $W/grid.jsonl --parallel 6 --limit-minutes ${KIT_GRID_MINUTES:-7} \
+    > $W/job_grid.log 2>&1 < /dev/null &
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
   [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.matrix --world-size 2 --shape gpt2-124m \
@@ -47,12 +54,12 @@ start)
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ]; do
-    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest" | wc -l)
+    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest|measure_memory_grid" | wc -l)
     [ "$running" -eq 0 ] && break
     sleep 20
     echo "[$(date +%T)] runs done:" $(for f in $W/runs*.jsonl; do [ -f $f ] && echo "$(basename $f .jsonl)=$(wc -l < $f)"; done)
   done
-  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest|measure_memory_grid' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
@@ -70,7 +77,7 @@ PY
   for f in $W/job_*.log; do [ -f $f ] && { echo "== $f"; grep -E "passed|failed|FAILED|Error|these checks failed" $f | tail -n 8; }; done
   [ -f $W/jobcli.log ] && tail -n 25 $W/jobcli.log
   if [ -n "${OUT:-}" ]; then
-    (cd $W && tar czf $OUT/gpu_results.tgz *.jsonl job*.log 2>/dev/null)  # one file: at most 8 come back
+    (cd $W && tar czf $OUT/gpu_results.tgz *.jsonl job*.log build_*.log 2>/dev/null)  # one file: at most 8 come back
     [ -d $W/tutorial ] && (cd $W && tar czf $OUT/tutorial.tgz tutorial 2>/dev/null)
   fi;;
 esac
