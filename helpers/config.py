@@ -44,7 +44,7 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
           param_persistence_threshold: int = 100_000, max_live_parameters: int = 100_000_000,
           max_reuse_distance: int | None = None, sub_group_size: int = 100_000_000,
           pin_memory: bool | None = None, largest_param_numel: int | None = None, warmup_steps: int = 10,
-          environment: kit_env.Environment | None = None) -> dict:
+          environment: kit_env.Environment | None = None, initial_scale_power: int = 16) -> dict:
     """A DeepSpeed config from plain choices. (Long on purpose: one readable recipe, key by key, of
     the config the kit builds; splitting it would hide which choice sets which key.)
 
@@ -91,11 +91,11 @@ def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = 
             "warmup_min_lr": lr / 10, "warmup_max_lr": lr, "warmup_num_steps": int(warmup_steps),
             "warmup_type": "linear"}}
     if precision == "auto":  # Trainer mode: TrainingArguments' --fp16 / --bf16 decide
-        config["fp16"] = {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+        config["fp16"] = {"enabled": "auto", "loss_scale": 0, "initial_scale_power": initial_scale_power, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}
         config["bf16"] = {"enabled": "auto"}
     elif precision == "fp16":  # an explicit choice stays explicit, in Trainer mode too
-        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": initial_scale_power,
                           "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
     elif precision == "bf16":
         config["bf16"] = {"enabled": True}

@@ -47,12 +47,26 @@ def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro
                         param_persistence_threshold=int(1e5), **schedule(model, steps))
 
 
+#: fp16's first loss scale on the ladder, 2**12. DeepSpeed's usual 2**16 overflowed on the first
+#: steps of the big rungs, and an overflowing step is skipped (measured in T4 emulation: 2 of 5 steps
+#: skipped at 1.5B, 3 of 5 at 2.7B, whose loss then never fell); 2**14 was the first that held at 2.7B.
+LADDER_SCALE_POWER = 12
+#: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider models scale down.
+REFERENCE_WIDTH = 768
+
+
 def schedule(model: memory.ModelInfo, steps: int) -> dict:
-    """The ladder's learning rate: GPT-3's peak rate for the model's size (config.learning_rate_for),
-    warmed up over the whole short run from a tenth of it, so that no rung takes a full-size step
-    before its loss has started to fall (GPT-2 XL at a flat 3e-4 after 10 warmup steps rose again
-    at step 5: 11.17, 7.26, 7.24, 7.20, 9.31)."""
-    return {"lr": config.learning_rate_for(model.n_params), "warmup_steps": max(1, steps)}
+    """The ladder's learning rate, warmed up over the whole short run from a tenth of its peak.
+
+    The peak is GPT-3's rate for the model's size (config.learning_rate_for) times
+    (REFERENCE_WIDTH / hidden)**2 for models wider than GPT-2 small. GPT-3's rates assume batches
+    of 0.5-1M tokens and thousands of warmup steps; the ladder takes 5 steps of 2,048 tokens, where
+    Adam's first steps move every weight by about the rate. Measured at 1.5B (T4 emulation): a step
+    at 2e-5 took the loss from 11.17 to 7.11, one at about 9e-5 raised it from 7.05 to 8.49. The
+    scaled peaks are 1.7e-4 at 355M, 4.6e-5 at 1.5B and 1.8e-5 at 2.7B; 124M keeps 1e-3."""
+    width = min(1.0, REFERENCE_WIDTH / model.hidden) ** 2
+    return {"lr": config.learning_rate_for(model.n_params) * width, "warmup_steps": max(1, steps),
+            "initial_scale_power": LADDER_SCALE_POWER}
 
 
 def nvme_bytes_needed(model: memory.ModelInfo) -> int:
