@@ -41,7 +41,7 @@ start)
   [[ $jobs == *" nbval-08 "* ]] && nbval 08 notebooks/08_beyond_data_parallelism.ipynb
   # The memory grid of issue 16 (tools/measure_memory_grid.py), 6 cases at a time on GPU 0.
   [[ $jobs == *" grid "* ]] && CUDA_VISIBLE_DEVICES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme_grid setsid nohup python3 \
-    tools/measure_memory_grid.py --out $W/grid.jsonl --parallel 6 --limit-minutes ${KIT_GRID_MINUTES:-7} \
+    tools/measure_memory_grid.py --out $W/grid.jsonl --parallel ${KIT_GRID_PARALLEL:-6} --limit-minutes ${KIT_GRID_MINUTES:-7} \
     > $W/job_grid.log 2>&1 < /dev/null &
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
