@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import claims, matrix, memory, verdict
+from helpers import bench, claims, matrix, memory, verdict
 from helpers import env as kit_env
 from helpers.tables import Table
 from helpers.units import gib
@@ -44,9 +44,10 @@ def load(path: str | Path = MEASUREMENTS) -> list[dict]:
 
 def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
     """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
-    returns how many rows the file holds afterwards."""
+    rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
+    holds afterwards."""
     data = json.loads(Path(path).read_text())
-    latest = {r["id"]: r for r in new_rows}  # a resumed grid may list an id twice: the last wins
+    latest = {r["id"]: r for r in new_rows if r.get("status") != bench.NOT_TRIED}  # a resumed grid may list an id twice: the last wins
     data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return len(data["rows"])

@@ -60,9 +60,19 @@ HOST_BASE_CPU = int(0.45 * GiB)
 HOST_BUILD_BYTES = 1.5
 #: Pinned offload buffers, bytes per parameter (DESIGN.md's 355M and 1.56B pinned ZeRO-2 runs).
 HOST_PINNED_BYTES = 6
-#: ZeRO-3 with offload: ``has_overflow`` scans the flat fp16 gradient buffer on the host with
-#: ``torch.isinf``/``isnan``: a transient of about 3 bytes per parameter inside ``engine.step()``.
-HOST_OVERFLOW_BYTES = 3
+#: ZeRO-3's ``has_overflow`` runs ``torch.isinf``/``isnan`` over the whole flat fp16 gradient
+#: partition (``abs`` of it plus a boolean mask): a transient of about 3 bytes per parameter inside
+#: ``engine.step()``, measured on the host with the optimizer offloaded (issue 17). On the GPU
+#: (ZeRO-3 without offload) DeepSpeed's same code runs on the device; the kit's sliced fix
+#: (helpers.deepspeed_fixes) only covers host buffers.
+OVERFLOW_CHECK_BYTES = 3
+#: Host RSS when the fp32 model has just been built (before ``deepspeed.initialize``): this
+#: constant, 4 bytes per parameter, and 4 bytes per element of the output head that transformers
+#: allocates before tying it to the input embedding (tied models only). The constant is the
+#: residual of the "model built" phase of the grid's fit half (GPT-2 355M, 774M, 1.5B; Llama 1B,
+#: tied; TinyLlama 1.1B, untied): 0.83 GiB in each, within 0.01 GiB. For models of 355M and up
+#: this moment, not training, is the host's peak when nothing is offloaded.
+HOST_BUILD_BASE = int(0.83 * GiB)
 
 
 def layer_activation_bytes(model: "ModelInfo", tokens: int, w: int = HALF) -> int:
@@ -269,6 +279,7 @@ def _gpu_phases(
     seq_len: int,
     grad_ckpt: bool,
     w: int,
+    zero_init: bool = False,
 ) -> dict[str, dict[str, int]]:
     """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`)."""
     zero = _zero(config)
@@ -304,6 +315,22 @@ def _gpu_phases(
             "activations": acts["end of backward"],
         },
     }
+    if stage in (1, 2) and _offload(zero, "offload_optimizer"):
+        # once backward is done every half-precision gradient is still on the device, before the
+        # offloaded optimizer's copy to the host; a tied embedding's two gradient contributions
+        # (output head, then input) coexist for a moment. Fit half: GPT-2 774M (4 x 512) and
+        # TinyLlama 1.1B (untied) with ZeRO-2 + CPU offload peaked at weights + gradients + buckets.
+        tied = w * model.vocab * model.hidden if model.tied else 0
+        phases["after backward"] = {
+            **resident,
+            "grads": w * p,
+            **({"tied gradient": tied} if tied else {}),
+        }
+    if stage == 3 and not zero_init:
+        # deepspeed.initialize casts a model built without zero.Init and moves it whole to the
+        # device before ZeRO-3 partitions it (engine._configure_distributed_model): fit half,
+        # GPT-2 1.5B with ZeRO-3 + CPU offload peaked at its fp16 weights, 2.97 GiB
+        phases["deepspeed.initialize"] = {"params before partitioning": w * p}
     if not _offload(zero, "offload_optimizer") and _half(config):
         # The optimizer step's temporaries (fp32 gradient copies and the flattened partitions):
         # 24 bytes/param at stage 0, 2 + 2/N + 18/N at stages 1-2 (DeepSpeed's stage 1
@@ -319,6 +346,9 @@ def _gpu_phases(
         extra = {k: v for k, v in resident.items() if k in ("buffers", "gathered params")}
         temporaries = max(0, step - sum(on.values()))
         phases["optimizer step"] = {**on, **extra, "step temporaries": temporaries}
+        if stage == 3:
+            # has_overflow, before the sub-groups' steps: see OVERFLOW_CHECK_BYTES
+            phases["overflow check"] = {**on, **extra, "overflow check": OVERFLOW_CHECK_BYTES * p / n}
     return phases
 
 
@@ -349,7 +379,9 @@ def estimate(
     w = HALF if _half(config) else FP32
     states = model_states(model, config, world_size)
     est = Estimate()
-    phases = _gpu_phases(model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w)
+    phases = _gpu_phases(
+        model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init
+    )
     when = max(phases, key=lambda k: sum(phases[k].values()))
     dev = "gpu" if on_gpu else "cpu"
     for kind, nbytes in phases[when].items():
@@ -368,7 +400,7 @@ def estimate(
             est.add(place, kind, nbytes)
     if stage == 3 and (host_opt or host_par):
         est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
-        est.add("cpu", "step temporaries", p * HOST_OVERFLOW_BYTES / n)
+        est.add("cpu", "step temporaries", p * OVERFLOW_CHECK_BYTES / n)
     if host_par == "nvme":
         par_cfg = zero.get("offload_param") or {}
         est.add(
@@ -386,7 +418,20 @@ def estimate(
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
         est.add("cpu", "pinned buffers", p * HOST_PINNED_BYTES / n)
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
+    if not (stage == 3 and zero_init):
+        built = host_build_bytes(model)
+        if sum(built.values()) > est.total("cpu"):
+            est.parts["cpu"], est.phase["cpu"] = built, "model built"
     return est
+
+
+def host_build_bytes(model: ModelInfo) -> dict[str, int]:
+    """Host bytes by kind the moment the fp32 model has been built on the host (the peak of a run
+    that offloads nothing, from 355M parameters up): see :data:`HOST_BUILD_BASE`."""
+    out = {"process": HOST_BUILD_BASE, "model build": FP32 * model.n_params}
+    if model.tied:
+        out["untied head"] = FP32 * model.vocab * model.hidden  # freed once tied, after the peak
+    return out
 
 
 def gpu_prediction_claim(

@@ -81,7 +81,10 @@ def test_merge_adds_grid_rows_and_refuses_a_file_that_is_not_rows(tmp_path, caps
     lines = tmp_path / "grid.jsonl"
     row = {"id": "b", "shape": "tiny", "row": "stage 0", "status": "ok", "split": "validation"}
     tried = {**row, "status": "not tried"}
-    lines.write_text("".join(json.dumps(r) + "\n" for r in (tried, row, {**row, "id": "a"})))
+    never = {**tried, "id": "n"}  # a case the grid never ran: nothing measured, not merged
+    lines.write_text(
+        "".join(json.dumps(r) + "\n" for r in (tried, row, {**row, "id": "a"}, never))
+    )
     assert measurements.merge(measurements.load(lines), store) == 2
     merged = json.loads(store.read_text())["rows"]
     assert [(r["id"], r["status"]) for r in merged] == [("b", "ok"), ("a", "ok")]

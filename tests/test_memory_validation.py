@@ -23,16 +23,65 @@ def test_validation_half_within_10_percent_gpu_15_percent_host_and_never_fits_wh
     predictions = [measurements.predict(r) for r in VALIDATION]
     checked = measurements.checks(predictions)
     assert claims.failed(checked) == []
-    assert (
-        sum("GPU predicted" in c for c, _ in checked) >= 10
-    )  # the 2-GPU runs, until the grid is in
-    assert sum("not 'fits'" in c for c, _ in checked) >= 3
+    assert sum("GPU predicted" in c for c, _ in checked) >= 15
+    assert sum("not 'fits'" in c for c, _ in checked) >= 6
 
 
-def test_grid_rows_bring_at_least_20_validation_cases_once_recorded():
-    grid = [r for r in VALIDATION if r["source"] == "tools/measure_memory_grid.py"]
-    ran = [r for r in grid if r["status"] == "ok" and r.get("peak_gpu_allocated_bytes")]
-    assert not grid or len(ran) >= 20, f"only {len(ran)} validation cases of the grid ran on a GPU"
+def test_the_validation_half_holds_at_least_20_gpu_cases_with_the_grid_among_them():
+    # issue 16's bar: at least 20 validation cases measured on a GPU (in T4 emulation), ran or
+    # out of memory; the grid (tools/measure_memory_grid.py, 2026-12-01) brings models past 355M
+    ran = [r for r in VALIDATION if r["status"] in (measurements.OK, *measurements.OUT_OF_MEMORY)]
+    grid = [r for r in ran if r["source"] == "tools/measure_memory_grid.py"]
+    assert all("T4 emulation" in r["machine"] for r in ran)
+    assert len(ran) >= 20 and len(grid) >= 10, (len(ran), len(grid))
+    assert {r["shape"] for r in grid} >= {"gpt2-1.5b", "llama-3.2-1b-shaped", "qwen2.5-0.5b-shaped"}
+
+
+def test_the_fit_rows_behind_each_rule_of_2026_12_01():
+    # each rule added after the grid, with the fit-half row it came from: removing the rule puts
+    # its row far off (ZeRO-3's whole-model move at initialize: 2.90 vs 2.97 GiB, 1.08 without;
+    # ZeRO-2 + CPU offload's gradients after backward: 4.19 vs 4.10, 3.08 without; the host's
+    # "model built" moment: 3.95 vs 3.95, 2.90 without)
+    by_id = {r["id"]: r for r in ROWS}
+    cases = {
+        "gpt2-1.5b|stage 3 + CPU offload|1x1024|ckpt": ("gpu", "deepspeed.initialize"),
+        "tinyllama-1.1b-shaped|stage 2 + CPU offload|2x1024|ckpt": ("gpu", "after backward"),
+        "gpt2-355m|stage 3 + CPU offload|2x2048|nockpt": ("gpu", "start of backward"),
+    }
+    for row_id, (place, phase) in cases.items():
+        r = by_id[row_id]
+        p = measurements.predict(r)
+        assert p.estimate.phase[place] == phase, (row_id, p.estimate.phase)
+        assert claims.within(p.estimate.total("gpu"), r["peak_gpu_allocated_bytes"], 0.10), row_id
+    built = by_id["gpt2-774m|stage 2|1x1024|ckpt"]  # ran out of GPU memory: its host peak was
+    p = measurements.predict(built)  # the build, 3.95 GiB (rss_phases "model built")
+    assert p.estimate.phase["cpu"] == "model built"
+    assert claims.within(p.estimate.total("cpu"), built["peak_host_rss_bytes"], 0.05)
+
+
+def test_each_new_rule_follows_its_cause():
+    from helpers import config
+
+    llama = memory.ModelInfo.for_shape("llama-3.2-1b-shaped")  # tied embeddings
+    untied = memory.ModelInfo(**{**llama.__dict__, "tied": False})
+    plain = config.build(stage=0, micro_batch=1, trainer=False, precision="fp16", pin_memory=False)
+    host = memory.estimate(llama, plain, micro_batch=1, seq_len=256).parts["cpu"]
+    assert host["untied head"] == 4 * llama.vocab * llama.hidden
+    assert "untied head" not in memory.estimate(untied, plain, micro_batch=1).parts["cpu"]
+    s3 = config.build(stage=3, micro_batch=1, trainer=False, precision="fp16", pin_memory=False,
+                      offload_optimizer="cpu", offload_param="cpu")
+    est = memory.estimate(llama, s3, micro_batch=1, seq_len=128)
+    assert est.phase["gpu"] == "deepspeed.initialize"
+    assert est.total("gpu") == 2 * llama.n_params
+    # built partitioned under zero.Init: neither the whole-model move nor the host's fp32 build
+    inited = memory.estimate(llama, s3, micro_batch=1, seq_len=128, zero_init=True)
+    assert inited.phase["gpu"] != "deepspeed.initialize"
+    assert "model build" not in inited.parts["cpu"]
+    s3_gpu = config.build(stage=3, micro_batch=1, trainer=False, precision="fp16", pin_memory=False)
+    gpt = memory.ModelInfo.for_shape("gpt2-774m")
+    est = memory.estimate(gpt, s3_gpu, micro_batch=1, seq_len=512)
+    assert est.phase["gpu"] == "overflow check"
+    assert est.parts["gpu"]["overflow check"] == int(memory.OVERFLOW_CHECK_BYTES * gpt.n_params)
 
 
 def test_no_out_of_memory_row_is_fits_in_either_half():

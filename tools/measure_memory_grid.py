@@ -393,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.merge:
         total = measurements.merge(args.merge)
-        print(f"{len(args.merge)} rows merged into {measurements.MEASUREMENTS} ({total} rows now)")
+        tried = sum(r["status"] != bench.NOT_TRIED for r in args.merge)
+        print(
+            f"{tried} of {len(args.merge)} rows merged into {measurements.MEASUREMENTS} (the "
+            f"others were not tried: nothing measured); {total} rows now"
+        )
         return 0
     out = _out_path(parser, args.out, needed=not args.dry_run)
     machine = env.describe()
