@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from helpers import accounting, dist, rss_trace, units
@@ -244,6 +244,16 @@ def nvme_path(config: dict) -> str | None:
     return None
 
 
+def with_nvme_folder(config: dict, folder: str) -> dict:
+    """A copy of ``config`` whose NVMe offload (parameters and optimizer) swaps into ``folder``."""
+    out = json.loads(json.dumps(config))
+    zero = out.get("zero_optimization", {})
+    for key in ("offload_param", "offload_optimizer"):
+        if (zero.get(key) or {}).get("device") == "nvme":
+            zero[key]["nvme_path"] = folder
+    return out
+
+
 def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
     child = dict(os.environ)
     if force_cpu:
@@ -276,6 +286,14 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
     import psutil
 
     work = Path(tempfile.mkdtemp(prefix="kit_bench_"))
+    nvme = nvme_path(spec.ds_config)
+    nvme_existed = bool(nvme) and os.path.exists(nvme)
+    if nvme:
+        # Each run swaps into its own subfolder of the config's nvme_path: DeepSpeed names its swap
+        # files the same in every process, so two runs side by side (pytest workers, two notebooks,
+        # the grid) would overwrite each other's states, and one's clean-up would delete the other's.
+        nvme = os.path.join(nvme, f"run-{os.getpid()}-{work.name}")
+        spec = replace(spec, ds_config=with_nvme_folder(spec.ds_config, nvme))
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps({**asdict(spec), "out_dir": str(work)}))
     worker = ["-m", "helpers.bench", "--worker", str(spec_path)]
@@ -285,8 +303,6 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
                "--master-addr", "127.0.0.1", "--master-port", str(dist.free_port()), *worker]
     log_file = open(log_path or work / "log.txt", "w")
-    nvme = nvme_path(spec.ds_config)
-    nvme_existed = bool(nvme) and os.path.exists(nvme)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),
                             env=_child_env(spec.world_size, spec.force_cpu), start_new_session=True)
@@ -325,7 +341,7 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
     else:
         _merge(result, ranks)
     if nvme:
-        _remove_swap_files(nvme, created=not nvme_existed)
+        _remove_swap_files(nvme, os.path.dirname(nvme), created=not nvme_existed)
     shutil.rmtree(work, ignore_errors=True)
     if os.environ.get(LOG_ENV):
         with open(os.environ[LOG_ENV], "a") as log:
@@ -333,13 +349,14 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
     return result
 
 
-def _remove_swap_files(path: str, created: bool) -> None:
-    """Delete what DeepSpeed wrote under an NVMe path (its ``zero_stage_3`` folder), never the
-    user's other files; the path itself only when this run created it and it is empty now."""
-    shutil.rmtree(os.path.join(path, "zero_stage_3"), ignore_errors=True)
+def _remove_swap_files(own: str, parent: str, created: bool) -> None:
+    """Delete this run's own swap folder ``own`` (all of it is DeepSpeed's files), never anything
+    else under the config's ``parent`` path; the parent itself only when this run created it and it
+    is empty now."""
+    shutil.rmtree(own, ignore_errors=True)
     if created:
         try:
-            os.rmdir(path)
+            os.rmdir(parent)
         except OSError:
             pass
 

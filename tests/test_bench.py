@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -123,17 +124,43 @@ def test_command_line_matrix_with_two_ranks():
     assert bad.returncode == 2 and "unknown matrix row" in bad.stderr
 
 
-def test_nvme_cleanup_removes_only_deepspeeds_swap_folder(tmp_path):
+def test_nvme_cleanup_removes_only_this_runs_folder(tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("keep me")
-    (tmp_path / "zero_stage_3" / "optimizer" / "rank0").mkdir(parents=True)
-    (tmp_path / "zero_stage_3" / "optimizer" / "rank0" / "0.tensor.swp").write_bytes(b"x" * 10)
-    bench._remove_swap_files(str(tmp_path), created=True)
-    assert mine.read_text() == "keep me" and not (tmp_path / "zero_stage_3").exists()
+    beside = tmp_path / "run-1-other" / "zero_stage_3"  # another run's swap files, side by side
+    beside.mkdir(parents=True)
+    own = tmp_path / "run-2-this"
+    (own / "zero_stage_3" / "optimizer" / "rank0").mkdir(parents=True)
+    (own / "zero_stage_3" / "optimizer" / "rank0" / "0.tensor.swp").write_bytes(b"x" * 10)
+    bench._remove_swap_files(str(own), str(tmp_path), created=True)
+    assert mine.read_text() == "keep me" and beside.is_dir() and not own.exists()
     fresh = tmp_path / "fresh"
-    (fresh / "zero_stage_3").mkdir(parents=True)
-    bench._remove_swap_files(str(fresh), created=True)
+    (fresh / "run-3" / "zero_stage_3").mkdir(parents=True)
+    bench._remove_swap_files(str(fresh / "run-3"), str(fresh), created=True)
     assert not fresh.exists()
+
+
+def test_each_run_swaps_into_its_own_subfolder_and_leaves_the_parent_as_it_was(tmp_path, monkeypatch):
+    from helpers import libaio, memory
+
+    # two runs side by side once shared one folder: one overwrote (and deleted) the other's swap
+    # files, and notebook 05's NVMe losses parted from stage 0's in CI
+    assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+    parent = tmp_path / "offload"
+    choice = dict(matrix.CONFIGS)["stage 3 + NVMe offload"]
+    ds = matrix.config_for(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",
+                           nvme_path=str(parent))
+    moved = bench.with_nvme_folder(ds, str(parent / "run-x"))
+    zero, was = moved["zero_optimization"], ds["zero_optimization"]
+    assert zero["offload_param"]["nvme_path"] == str(parent / "run-x")
+    assert zero["offload_optimizer"]["nvme_path"] == str(parent / "run-x")
+    assert was["offload_param"]["nvme_path"] == str(parent)  # the caller's config is untouched
+    seen, real = [], bench._folder_bytes
+    monkeypatch.setattr(bench, "_folder_bytes", lambda path: seen.append(path) or real(path))
+    result = bench.measure(bench.RunSpec(ds_config=ds, shape="tiny", steps=2, force_cpu=True))
+    assert result.status == bench.OK, result.message
+    assert seen and all(os.path.dirname(p) == str(parent) for p in seen), seen
+    assert result.peak_nvme_bytes > 0 and not parent.exists()
 
 
 def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
