@@ -289,9 +289,10 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
     nvme = nvme_path(spec.ds_config)
     nvme_existed = bool(nvme) and os.path.exists(nvme)
     if nvme:
-        # Each run swaps into its own subfolder of the config's nvme_path: DeepSpeed names its swap
-        # files the same in every process, so two runs side by side (pytest workers, two notebooks,
-        # the grid) would overwrite each other's states, and one's clean-up would delete the other's.
+        # Each run swaps into its own subfolder of the config's nvme_path: DeepSpeed names its
+        # swap files the same in every process, so two runs side by side (pytest workers, two
+        # notebooks, the grid) would overwrite each other's states, and one's clean-up would
+        # delete the other's.
         nvme = os.path.join(nvme, f"run-{os.getpid()}-{work.name}")
         spec = replace(spec, ds_config=with_nvme_folder(spec.ds_config, nvme))
     spec_path = work / "spec.json"

@@ -48,10 +48,11 @@ def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro
 
 
 #: fp16's first loss scale on the ladder, 2**12. DeepSpeed's usual 2**16 overflowed on the first
-#: steps of the big rungs, and an overflowing step is skipped (measured in T4 emulation: 2 of 5 steps
-#: skipped at 1.5B, 3 of 5 at 2.7B, whose loss then never fell); 2**14 was the first that held at 2.7B.
+#: steps of the big rungs, and an overflowing step is skipped (measured in T4 emulation: 2 of 5
+#: steps skipped at 1.5B, 3 of 5 at 2.7B, whose loss then never fell); at 2.7B the scale settled
+#: at 2**14, the first that held, so 2**12 leaves a margin.
 LADDER_SCALE_POWER = 12
-#: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider models scale down.
+#: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider ones scale down.
 REFERENCE_WIDTH = 768
 
 

@@ -47,7 +47,8 @@ def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
     rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
     holds afterwards."""
     data = json.loads(Path(path).read_text())
-    latest = {r["id"]: r for r in new_rows if r.get("status") != bench.NOT_TRIED}  # a resumed grid may list an id twice: the last wins
+    # a resumed grid may list an id twice: the last wins
+    latest = {r["id"]: r for r in new_rows if r.get("status") != bench.NOT_TRIED}
     data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return len(data["rows"])

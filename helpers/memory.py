@@ -348,7 +348,8 @@ def _gpu_phases(
         phases["optimizer step"] = {**on, **extra, "step temporaries": temporaries}
         if stage == 3:
             # has_overflow, before the sub-groups' steps: see OVERFLOW_CHECK_BYTES
-            phases["overflow check"] = {**on, **extra, "overflow check": OVERFLOW_CHECK_BYTES * p / n}
+            check = OVERFLOW_CHECK_BYTES * p / n
+            phases["overflow check"] = {**on, **extra, "overflow check": check}
     return phases
 
 
