@@ -105,9 +105,50 @@ def fix_stage3_overflow_check() -> bool:
     return True
 
 
+#: What :func:`fix_partial_offload_schedule` copies from the CPU optimizer's groups to the GPU's.
+SCHEDULED_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+def fix_partial_offload_schedule() -> bool:
+    """Make ZeRO-3's partial optimizer offload follow the learning-rate schedule on its GPU part
+    (``offload_optimizer.ratio`` < 1; DeepSpeed 0.19.8 and earlier).
+
+    With a ratio below 1, ``DeepSpeedZeroOptimizer_Stage3.__init__`` (runtime/zero/stage3.py) steps
+    the sub-groups kept on the GPU with a separate ``torch.optim.AdamW``, the "backup optimizer",
+    built with ``lr=self.optimizer.param_groups[0]["lr"]``: a copy of the config's rate taken
+    before the scheduler exists, in a param-group dict of its own. The scheduler (WarmupLR, say)
+    then updates only the CPU optimizer's groups, so the GPU's share trains at the peak rate from
+    step 1 and never warms up or decays. Measured (notebook 05, GPT-2 124M, T4 emulation): partial
+    offload's loss parted from plain offload's at step 2 (8.59 against 8.23). The fix copies each
+    group's ``lr``, ``betas``, ``eps`` and ``weight_decay`` from the CPU optimizer to the backup
+    optimizer before every sub-group step, then runs DeepSpeed's own step.
+
+    Returns True when this call installed the fix, False when it was already in place.
+    """
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    if getattr(Stage3._optimizer_step, _MARK, False):
+        return False
+    original = Stage3._optimizer_step
+
+    def _optimizer_step(self, sub_group_id):
+        backup = getattr(self, "backup_optimizer", None)
+        if backup is not None:
+            for gpu_group, cpu_group in zip(backup.param_groups, self.optimizer.param_groups):
+                if gpu_group is not cpu_group:
+                    gpu_group.update({k: cpu_group[k] for k in SCHEDULED_KEYS if k in cpu_group})
+        return original(self, sub_group_id)
+
+    setattr(_optimizer_step, _MARK, True)
+    _optimizer_step.__wrapped__ = original
+    Stage3._optimizer_step = _optimizer_step
+    return True
+
+
 #: Every workaround, by what it does: :func:`apply_all` installs them in this order.
 FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
-         ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check))
+         ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check),
+         ("partial offload's GPU part follows the learning-rate schedule", fix_partial_offload_schedule))
 
 
 def apply_all() -> list[str]:

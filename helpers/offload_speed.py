@@ -3,7 +3,10 @@ DeepSpeed's partial offload, which takes work off the CPU, on the same model, da
 own subprocess through helpers.bench:
 
 - **partial offload** (ZeRO-3, ``offload_optimizer.ratio``): only that fraction of the optimizer
-  states and of Adam's step goes to the CPU; the rest stays on the GPU, where it costs GPU memory;
+  states and of Adam's step goes to the CPU; the rest stays on the GPU, where it costs GPU memory.
+  In DeepSpeed 0.19.8 the GPU's share ignores the learning-rate schedule (it trains at the peak
+  rate from step 1; measured: losses part from plain's at step 2, 8.59 against 8.23 at GPT-2 124M):
+  helpers.deepspeed_fixes.fix_partial_offload_schedule, which helpers.bench applies, mends it;
 
 ZenFlow is not among the variants: in DeepSpeed 0.19.8 it scrambles every 2-D weight at
 ``deepspeed.initialize`` (its flatten stores matrices transposed, ``_update_model_bit16_weights``
@@ -55,7 +58,7 @@ def variant_config(name: str, model: memory.ModelInfo, environment: kit_env.Envi
     choice, extra = next((c, e) for n, c, e in VARIANTS if n == name)
     ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                       pin_memory=False, lr=config.learning_rate_for(model.n_params),
-                      warmup_steps=max(1, steps))
+                      warmup_steps=max(1, steps), initial_scale_power=config.SHORT_RUN_SCALE_POWER)
     zero = ds["zero_optimization"]
     for key, value in copy.deepcopy(extra).items():
         zero[key] = {**zero.get(key, {}), **value} if isinstance(value, dict) else value
@@ -110,10 +113,11 @@ def table(variants: list[Variant], environment: kit_env.Environment) -> Table:
 def checks(variants: list[Variant], environment: kit_env.Environment) -> list[claims.Claim]:
     """Each able to fail: plain CPU offload ran at every size (the baseline); every variant ran or
     shows DeepSpeed's error; at least one other variant ran beside plain somewhere (an empty
-    comparison fails); each one that ran started at plain's first loss (same model, data, seed)
-    and ended finite."""
+    comparison fails); each one that ran trained as plain did (same model, data and seed: the first
+    loss equal, every loss within the matrix's tolerance; partial offload needs
+    helpers.deepspeed_fixes for that) and ended finite."""
     shapes = list(dict.fromkeys(v.shape for v in variants))
-    first_tol, _ = matrix.loss_tolerance(environment)
+    first_tol, all_tol = matrix.loss_tolerance(environment)
     ran = [v for v in variants if v.name != PLAIN and v.result.status == bench.OK]
     out = [(f"plain CPU offload ran at every size ({', '.join(shapes)})",
             bool(shapes) and claims.every(_plain(variants, s) is not None for s in shapes)),
@@ -122,9 +126,9 @@ def checks(variants: list[Variant], environment: kit_env.Environment) -> list[cl
            (f"at least one faster-offload variant ran beside plain ({len(ran)} runs)", bool(ran))]
     for v in ran:
         plain = _plain(variants, v.shape)
-        out.append((f"{v.shape} {v.name}: first loss within {first_tol:g} of plain's, last loss finite",
-                    bool(plain and plain.losses and v.result.losses)
-                    and claims.within(v.result.losses[0], plain.losses[0], first_tol)
+        out.append((f"{v.shape} {v.name}: losses match plain's (first within {first_tol:g}, all within "
+                    f"{all_tol:g}), last loss finite" + (matrix.skipped_note(plain, v.result) if plain else ""),
+                    bool(plain) and matrix.losses_match(plain.losses, v.result.losses, first_tol, all_tol)
                     and math.isfinite(v.result.losses[-1])))
     return out
 

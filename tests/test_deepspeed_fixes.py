@@ -136,3 +136,43 @@ def test_slices_find_an_inf_or_nan_anywhere():
             x[where] = bad
             assert deepspeed_fixes.inf_or_nan_in_slices(x, slice_numel=4096)
     assert not deepspeed_fixes.inf_or_nan_in_slices(torch.zeros(10_000), slice_numel=4096)
+
+
+def _gpu_share_step(step, scheduled_lr: float) -> float:
+    """One sub-group step of ZeRO-3's partial offload through DeepSpeed's real ``_optimizer_step``
+    (``step``), on a stand-in optimizer holding what stage3.py's ``__init__`` builds: the GPU's
+    share of the sub-groups stepped by a ``torch.optim.AdamW`` whose lr was copied from the CPU
+    optimizer before the scheduler set it to ``scheduled_lr``. Returns how far Adam's first step
+    moved the weights (about the lr it used)."""
+    import torch
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    weights = torch.nn.Parameter(torch.zeros(4))
+    weights.grad = torch.ones(4)
+    cpu = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-2)  # DeepSpeedCPUAdam's place
+    opt = Stage3.__new__(Stage3)
+    group = cpu.param_groups[0]
+    opt.backup_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=group["lr"],
+                                             betas=group["betas"], eps=group["eps"],
+                                             weight_decay=group["weight_decay"])
+    group["lr"] = scheduled_lr  # what the scheduler (WarmupLR) does to the CPU optimizer's groups
+    opt.optimizer, opt.sub_group_to_group_id, opt.fp32_partitioned_groups_flat = cpu, {0: 0}, [weights]
+    opt.offload_optimizer, opt.subgroup_to_device = True, {0: "cuda"}  # a sub-group kept on the GPU
+    opt.use_muon, opt.torch_autocast_gradscaler, opt.zenflow = False, None, False
+    step(opt, 0)
+    return float(weights.detach().abs().max())
+
+
+def test_partial_offload_gpu_share_follows_the_schedule_only_with_the_fix():
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    from helpers import deepspeed_fixes
+
+    deepspeed_fixes.fix_partial_offload_schedule()
+    fixed = Stage3._optimizer_step
+    deepspeeds_own = fixed.__wrapped__
+    # The bug: DeepSpeed's GPU share steps at the rate copied at init (1e-2), not the scheduled 1e-4.
+    # When a release fixes it this fails: then drop the workaround.
+    assert _gpu_share_step(deepspeeds_own, 1e-4) == pytest.approx(1e-2, rel=1e-3)
+    assert _gpu_share_step(fixed, 1e-4) == pytest.approx(1e-4, rel=1e-3)
+    assert deepspeed_fixes.fix_partial_offload_schedule() is False  # installed once

@@ -59,8 +59,8 @@ def test_a_variant_that_fails_with_its_error_is_a_row_not_a_failure(cpu):
     (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], bench.ERROR)), "every variant ran, or its row shows"),
     (lambda vs: [vs.__setitem__(i, _v(v.shape, v.name, bench.OOM, message="oom")) for i, v in enumerate(vs)
                  if v.name != offload_speed.PLAIN], "at least one faster-offload variant ran"),
-    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], losses=(12.0, 10.0, 9.0))), f"tiny {NAMES[2]}: first loss"),
-    (lambda vs: vs.__setitem__(1, _v("tiny", NAMES[1], losses=(10.8, float("nan")))), f"tiny {NAMES[1]}: first loss"),
+    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], losses=(12.0, 10.0, 9.0))), f"tiny {NAMES[2]}: losses match"),
+    (lambda vs: vs.__setitem__(1, _v("tiny", NAMES[1], losses=(10.8, float("nan")))), f"tiny {NAMES[1]}: losses match"),
 ])
 def test_a_bad_comparison_fails(cpu, break_it, claim):
     variants = _good()
@@ -70,3 +70,16 @@ def test_a_bad_comparison_fails(cpu, break_it, claim):
 
 def test_no_runs_at_all_fail(cpu):
     assert failed(offload_speed.checks([], cpu))
+
+
+def test_a_variant_whose_losses_part_from_plain_fails_and_says_why(cpu):
+    # Partial offload without helpers.deepspeed_fixes (GPU, GPT-2 124M): same first loss, then its
+    # GPU share trained at the peak rate and the losses parted. And a run that skipped steps.
+    variants = _good()
+    variants[2] = _v("tiny", NAMES[2], losses=(10.8, 9.0, 8.0))
+    skipped = _v("mini", NAMES[1], losses=(10.8, 10.8, 10.8))
+    skipped.result.skipped_steps = 2
+    variants[4] = skipped
+    bad = failed(offload_speed.checks(variants, cpu))
+    assert [b.split(":")[0] for b in bad] == [f"tiny {NAMES[2]}", f"mini {NAMES[1]}"]
+    assert "skipped 2 step(s) for fp16 overflow" in bad[1] and "skipped" not in bad[0]
