@@ -47,11 +47,8 @@ def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro
                         param_persistence_threshold=int(1e5), **schedule(model, steps))
 
 
-#: fp16's first loss scale on the ladder, 2**12. DeepSpeed's usual 2**16 overflowed on the first
-#: steps of the big rungs, and an overflowing step is skipped (measured in T4 emulation: 2 of 5
-#: steps skipped at 1.5B, 3 of 5 at 2.7B, whose loss then never fell); at 2.7B the scale settled
-#: at 2**14, the first that held, so 2**12 leaves a margin.
-LADDER_SCALE_POWER = 12
+#: fp16's first loss scale on the ladder: the kit's short-run scale (see config.SHORT_RUN_SCALE_POWER).
+LADDER_SCALE_POWER = config.SHORT_RUN_SCALE_POWER
 #: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider ones scale down.
 REFERENCE_WIDTH = 768
 
@@ -113,6 +110,8 @@ def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
+    bench.log_record({"probe": "disk", "path": str(folder), "megabytes": megabytes,
+                      "write_mb_s": write, "read_mb_s": read})
     return write, read
 
 

@@ -44,11 +44,12 @@ def config_for(choice: dict, model: memory.ModelInfo, environment: kit_env.Envir
                micro_batch: int, world_size: int = 1, **overrides) -> dict:
     """The engine config one row of the matrix runs (and is predicted) with: the row's stage and
     offload, NVMe buffers that hold the model's largest parameter, optimizer sub-groups of a quarter
-    of the model (at most 1e8). Notebooks 03 and 05, the ZeRO picture and the calibration tool all
+    of the model (at most 1e8), fp16's short-run loss scale. Notebooks 03 and 05, the ZeRO picture and the calibration tool all
     build their rows here, so a prediction and a run always describe the same config."""
     settings = dict(micro_batch=micro_batch, world_size=world_size, trainer=False, environment=environment,
                     largest_param_numel=model.largest_param_numel,
-                    sub_group_size=min(100_000_000, max(1_000_000, model.n_params // 4)))
+                    sub_group_size=min(100_000_000, max(1_000_000, model.n_params // 4)),
+                    initial_scale_power=config.SHORT_RUN_SCALE_POWER)
     return config.build(**choice, **{**settings, **overrides})
 
 
@@ -128,10 +129,18 @@ def loss_tolerance(environment: kit_env.Environment) -> tuple[float, float]:
     return (1e-4, 1e-4) if environment.precision == "fp32" else (1e-3, 0.10)
 
 
-def _losses_match(base: list[float], other: list[float], first_tol: float, all_tol: float) -> bool:
+def losses_match(base: list[float], other: list[float], first_tol: float, all_tol: float) -> bool:
     """Same number of steps, the first loss within ``first_tol`` and every loss within ``all_tol``."""
     return (bool(base) and len(base) == len(other) and claims.within(other[0], base[0], first_tol)
             and claims.every(claims.within(b, a, all_tol) for a, b in zip(base, other)))
+
+
+def skipped_note(base: bench.RunResult, other: bench.RunResult) -> str:
+    """Where two runs skipped different numbers of steps for fp16 overflow, a clause saying so (their
+    losses part at the first skip: a skipped step changes no weight); else empty."""
+    a, b = base.skipped_steps or 0, other.skipped_steps or 0
+    return "" if a == b else (f"; {other.label} skipped {b} step(s) for fp16 overflow, {base.label} {a}: "
+                              "lower fp16's initial_scale_power")
 
 
 def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
@@ -157,8 +166,9 @@ def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
     first_tol, all_tol = loss_tolerance(environment)
     compared = [r for label, r in ok.items() if label != "stage 0"]
     for r in compared:
-        out.append((f"{r.label}: losses match stage 0 (first within {first_tol:g}, all within {all_tol:g})",
-                    bool(base) and _losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
+        out.append((f"{r.label}: losses match stage 0 (first within {first_tol:g}, all within {all_tol:g})"
+                    + (skipped_note(base.result, r.result) if base else ""),
+                    bool(base) and losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
     out.append((f"at least two ZeRO configs compared with stage 0 ({len(compared)} ran)",
                 bool(base) and len(compared) >= 2))
     out.append(claims.loss_falls_claim("stage 0", base.result.losses if base else []))
@@ -288,7 +298,7 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
                      claims.within(r.result.losses[0], s.result.losses[0], first_tol)))
         if base and r is not base:
             out.append((f"{r.label}: 2-rank losses match 2-rank stage 0 (within {all_tol:g})",
-                        _losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
+                        losses_match(base.result.losses, r.result.losses, first_tol, all_tol)))
         if environment.has_gpu and stage >= 1 and r.choice.get("offload_optimizer", "none") == "none":
             peaks = [x.get("peak_gpu_allocated_bytes") or 0 for x in r.result.ranks]
             out.append((f"{r.label}: less GPU memory per rank with 2 ranks than with 1",
