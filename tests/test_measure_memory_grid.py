@@ -102,3 +102,15 @@ def test_a_second_call_resumes_with_the_cases_not_recorded_yet(tmp_path):
     out.write_text(json.dumps(first) + "\n" + json.dumps(later) + "\n")
     assert grid_tool.finished_ids(out) == {first["id"]}
     assert grid_tool.finished_ids(tmp_path / "none.jsonl") == set()
+
+
+def test_redo_first_step_runs_again_only_the_cases_whose_latest_run_was_first_step(tmp_path):
+    out = tmp_path / "grid.jsonl"
+    base = {"shape": "smollm2-360m-shaped", "row": "stage 2", "status": "ok", "steps_done": 3}
+    rows = [{**base, "id": "a", "skipped_steps": 2},  # first step only: redone
+            {**base, "id": "b", "skipped_steps": 0},  # steady: kept
+            {**base, "id": "c", "skipped_steps": 2}, {**base, "id": "c", "skipped_steps": 0},  # re-run
+            {**base, "id": "d", "row": "stage 2 + CPU offload", "skipped_steps": 2}]  # moments on host
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert grid_tool.finished_ids(out) == {"a", "b", "c", "d"}
+    assert grid_tool.finished_ids(out, redo_first_step=True) == {"b", "c", "d"}

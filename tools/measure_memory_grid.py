@@ -229,11 +229,15 @@ def dry_run_lines(planned, parallel: int) -> list[str]:
     return lines
 
 
-def finished_ids(out: Path) -> set[str]:
-    """Ids of the cases an earlier call recorded in ``out`` (not those it left "not tried")."""
+def finished_ids(out: Path, redo_first_step: bool = False) -> set[str]:
+    """Ids of the cases an earlier call recorded in ``out`` (not those it left "not tried"; with
+    ``redo_first_step``, not those whose latest run was first-step only either: see
+    helpers.measurements.first_step_only)."""
     if not out.is_file():
         return set()
-    return {r["id"] for r in measurements.load(out) if r.get("status") != bench.NOT_TRIED}
+    latest = {r["id"]: r for r in measurements.load(out) if r.get("status") != bench.NOT_TRIED}
+    return {i for i, r in latest.items()
+            if not (redo_first_step and r["status"] == bench.OK and measurements.first_step_only(r))}
 
 
 def _out_path(parser: argparse.ArgumentParser, value: str | None, needed: bool) -> Path | None:
@@ -382,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="tiny models on the CPU (what the test runs)"
     )
     parser.add_argument(
+        "--redo-first-step",
+        action="store_true",
+        help="run again the recorded cases whose GPU peak was first-step only (fp16 overflow "
+        "skipped every step but the last; the grid's loss scale now starts at 2**12)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="list the cases and predictions; run nothing"
     )
     parser.add_argument(
@@ -413,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         machine = config.t4_profile(machine)  # predict as on the GPU the grid is meant for
     parallel = args.parallel or (4 if machine.has_gpu else 1)
     planned = plan(machine, args.smoke, args.steps, nvme=libaio.available())[: args.max_cases]
-    done = finished_ids(out) if out and not args.dry_run else set()
+    done = finished_ids(out, args.redo_first_step) if out and not args.dry_run else set()
     if done:  # a second call with the same --out resumes: cases already recorded are not run again
         print(f"{len(done)} cases already in {out}: resuming with the others")
         planned = [p for p in planned if p[0].id not in done]
