@@ -344,10 +344,17 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
     if nvme:
         _remove_swap_files(nvme, os.path.dirname(nvme), created=not nvme_existed)
     shutil.rmtree(work, ignore_errors=True)
+    log_record({"shape": spec.shape, **asdict(result)})
+    return result
+
+
+def log_record(row: dict) -> None:
+    """Append one JSON line to the file ``KIT_BENCH_LOG`` names, if set: the GPU record run
+    (tools/gpu_record_run.sh) collects every result and measurement there (GPU_RUNS.md), since
+    nbval keeps no notebook output."""
     if os.environ.get(LOG_ENV):
         with open(os.environ[LOG_ENV], "a") as log:
-            log.write(json.dumps({"shape": spec.shape, **asdict(result)}) + "\n")
-    return result
+            log.write(json.dumps(row) + "\n")
 
 
 def _remove_swap_files(own: str, parent: str, created: bool) -> None:

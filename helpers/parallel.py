@@ -394,9 +394,7 @@ def _run_once(spec: ParallelSpec) -> bench.RunResult:
     else:
         merge(result, ranks, spec)
     shutil.rmtree(work, ignore_errors=True)
-    if os.environ.get(bench.LOG_ENV):  # the GPU record run collects every result (GPU_RUNS.md)
-        with open(os.environ[bench.LOG_ENV], "a") as log:
-            log.write(json.dumps({"shape": spec.kind, **asdict(result)}) + "\n")
+    bench.log_record({"shape": spec.kind, **asdict(result)})
     return result
 
 

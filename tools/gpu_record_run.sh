@@ -39,9 +39,10 @@ start)
     nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
   # 08 uses both GPUs (2-rank pipeline, MoE and AutoTP runs): start it alone, or beside 1-GPU lanes only.
   [[ $jobs == *" nbval-08 "* ]] && nbval 08 notebooks/08_beyond_data_parallelism.ipynb
-  # The memory grid of issue 16 (tools/measure_memory_grid.py), 6 cases at a time on GPU 0.
+  # The memory grid of issue 16 (tools/measure_memory_grid.py), 6 cases at a time on GPU 0. It resumes
+  # $W/grid.jsonl: copy the recorded rows there first (tools/grid_runs/); KIT_GRID_ARGS adds options.
   [[ $jobs == *" grid "* ]] && CUDA_VISIBLE_DEVICES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme_grid setsid nohup python3 \
-    tools/measure_memory_grid.py --out $W/grid.jsonl --parallel ${KIT_GRID_PARALLEL:-6} --limit-minutes ${KIT_GRID_MINUTES:-7} \
+    tools/measure_memory_grid.py --out $W/grid.jsonl --parallel ${KIT_GRID_PARALLEL:-6} --limit-minutes ${KIT_GRID_MINUTES:-7} ${KIT_GRID_ARGS:-} \
     > $W/job_grid.log 2>&1 < /dev/null &
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
@@ -63,9 +64,20 @@ wait)
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
+sys.path.insert(0, ".")
+from helpers import infinity, memory
 for f in sorted(w.glob("runs*.jsonl")):
+    disk = None
     for line in f.read_text().splitlines():
         r = json.loads(line)
+        if r.get("probe") == "disk":  # notebook 06's probe: each NVMe row's bound comes from it
+            disk = (r["write_mb_s"], r["read_mb_s"])
+            print(f.stem, f"disk probe at {r['path']}: write {disk[0]:,.0f} MB/s, read {disk[1]:,.0f} MB/s")
+            continue
+        if disk and r["status"] == "ok" and "NVMe" in r["label"] and r["median_step_s"]:
+            bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape(r["shape"]), *disk)
+            print(f.stem, r["label"], f"{r['median_step_s']:.1f} s/step against the disk's bound "
+                  f"{bound:.1f} s: {r['median_step_s'] / bound:.2f}x")
         gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"
         print(f.stem, r["shape"], r["label"], r["status"], r["message"][:100], "gpu", gib(r["peak_gpu_allocated_bytes"]),
               "rss", gib(r["peak_host_rss_bytes"]), "nvme", gib(r["peak_nvme_bytes"]), "s/step", r["median_step_s"],
