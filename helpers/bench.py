@@ -122,6 +122,7 @@ def _worker(spec_path: str) -> int:
                              f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])
     finally:
         result["rss_phases"] = trace.stop()
+        result["rss_high_water_bytes"] = rss_trace.high_water_bytes()  # this rank's own peak
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     return 0 if result["status"] == OK else 3
 
@@ -398,7 +399,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     reserved = [r.get("peak_gpu_reserved_bytes") for r in ranks if r.get("peak_gpu_reserved_bytes") is not None]
     result.peak_gpu_reserved_bytes = max(reserved) if reserved else None
     keys = ("rank", "params_bytes", "grads_bytes", "optimizer_bytes", "params_gpu_bytes", "optimizer_gpu_bytes",
-            "peak_gpu_allocated_bytes")
+            "peak_gpu_allocated_bytes", "rss_high_water_bytes")
     result.ranks = [{k: r.get(k) for k in keys} for r in ranks]
 
 

@@ -45,6 +45,7 @@ def learning_rate_for(n_params: int) -> float:
 #: default): the scale adapts within the first few steps.
 SHORT_RUN_SCALE_POWER = 12
 
+
 def build(stage: int = 2, offload_optimizer: str = "none", offload_param: str = "none", precision: str = "auto",
           micro_batch: int = 4, grad_accum: int = 1, world_size: int = 1, grad_clip: float = 1.0,
           optimizer: str = "AdamW", lr: float = 3e-4, weight_decay: float = 0.0, trainer: bool = True,

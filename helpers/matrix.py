@@ -44,8 +44,9 @@ def config_for(choice: dict, model: memory.ModelInfo, environment: kit_env.Envir
                micro_batch: int, world_size: int = 1, **overrides) -> dict:
     """The engine config one row of the matrix runs (and is predicted) with: the row's stage and
     offload, NVMe buffers that hold the model's largest parameter, optimizer sub-groups of a quarter
-    of the model (at most 1e8), fp16's short-run loss scale. Notebooks 03 and 05, the ZeRO picture and the calibration tool all
-    build their rows here, so a prediction and a run always describe the same config."""
+    of the model (at most 1e8), fp16's short-run loss scale. Notebooks 03 and 05, the ZeRO picture
+    and the calibration tool all build their rows here, so a prediction and a run always describe
+    the same config."""
     settings = dict(micro_batch=micro_batch, world_size=world_size, trainer=False, environment=environment,
                     largest_param_numel=model.largest_param_numel,
                     sub_group_size=min(100_000_000, max(1_000_000, model.n_params // 4)),

@@ -2,12 +2,26 @@
 attributed to the phase the process is in (imports, model construction, ``deepspeed.initialize``,
 forward and backward, the optimizer step). helpers.bench records one trace per run; notebook 06
 shows it for the largest models, where host RAM is the wall.
+
+A sampler can miss a short spike (its thread waits for the GIL on a busy 2-core machine), so at
+every phase switch the trace also reads the kernel's high-water mark of the process's RSS
+(``getrusage``'s ``ru_maxrss``): when it rose during the phase being left, the new high was that
+phase's, and its peak is exact.
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 import threading
 from dataclasses import asdict, dataclass
+
+
+def high_water_bytes() -> int:
+    """The most RSS this process has held so far, as the kernel counts it (``ru_maxrss``: KiB on
+    Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 @dataclass
@@ -35,6 +49,7 @@ class PhaseTrace:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample_forever, daemon=True)
+        self._high_water = high_water_bytes()  # at the current phase's start
 
     def _sample(self) -> int:
         rss = self._process.memory_info().rss
@@ -47,9 +62,19 @@ class PhaseTrace:
         while not self._done.wait(self._interval):
             self._sample()
 
+    def _close_current(self) -> None:
+        """Sample the last moments of the phase being left; where the kernel's high-water mark rose
+        during it, that high was this phase's."""
+        self._sample()
+        high = high_water_bytes()
+        with self._lock:
+            if self._current is not None and high > self._high_water:
+                self._current.peak_bytes = max(self._current.peak_bytes, high)
+            self._high_water = high
+
     def enter(self, name: str) -> None:
         """From now on, RSS counts towards ``name``."""
-        self._sample()  # the last moments of the phase being left
+        self._close_current()
         rss = self._process.memory_info().rss
         with self._lock:
             phase = self._phases.get(name)
@@ -63,7 +88,7 @@ class PhaseTrace:
 
     def stop(self) -> list[dict]:
         """End the trace; the phases as dicts (name, start_bytes, peak_bytes, entries)."""
-        self._sample()
+        self._close_current()
         self._done.set()
         if self._thread.is_alive():
             self._thread.join()

@@ -31,8 +31,12 @@ def test_ok_run_reports_every_field():
                             "forward and backward", "optimizer step"]
     assert phases["optimizer step"]["entries"] == phases["forward and backward"]["entries"] == 3
     assert all(0 < p["start_bytes"] <= p["peak_bytes"] for p in r.rss_phases)
-    # The parent samples every 100 ms, the trace every 20 ms: the trace sees at least its peak.
-    assert max(p["peak_bytes"] for p in r.rss_phases) >= 0.95 * r.peak_host_rss_bytes
+    # The trace's phases hold the worker's own peak (the kernel's high-water mark, read at each
+    # phase switch). The parent's sampled peak counts the worker's children too (DeepSpeed's cpuinfo
+    # probes and, on a first run, its JIT compilers: up to GBs), so it is no yardstick here.
+    own = r.ranks[0]["rss_high_water_bytes"]
+    # (the kernel updates its mark lazily: psutil's samples may pass it by a few pages)
+    assert own > 100 * 2**20 and max(p["peak_bytes"] for p in r.rss_phases) == pytest.approx(own, rel=0.01)
 
 
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):

@@ -32,3 +32,34 @@ def test_a_phase_entered_again_keeps_one_peak_and_counts_its_entries():
         trace.enter("optimizer step")
     phases = trace.stop()
     assert [(p["name"], p["entries"]) for p in phases] == [("forward and backward", 3), ("optimizer step", 3)]
+
+
+# A fresh process (its high-water mark low): a 300 MB spike in a phase the sampler never samples
+# (a 60 s interval), freed before the phase ends. Prints {phase: rise in MB}.
+UNSAMPLED = r"""
+import json
+from helpers import rss_trace
+trace = rss_trace.PhaseTrace(interval_s=60)
+trace.enter("calm")
+trace.enter("spike")
+block = b"\x01" * (300 * 2**20)
+del block
+trace.enter("after")
+print("RESULT", json.dumps({p["name"]: (p["peak_bytes"] - p["start_bytes"]) // 2**20 for p in trace.stop()}))
+"""
+
+
+def test_a_spike_the_sampler_missed_is_caught_by_the_kernels_high_water_mark():
+    import json
+    import subprocess
+    import sys
+
+    from helpers import env
+
+    done = subprocess.run([sys.executable, "-c", UNSAMPLED], capture_output=True, text=True, timeout=120,
+                          cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    rise = json.loads(line[len("RESULT "):])
+    assert rise["spike"] >= 280, rise
+    assert rise["calm"] < 50 and rise["after"] < 50, rise
