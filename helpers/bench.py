@@ -122,7 +122,8 @@ def _worker(spec_path: str) -> int:
                              f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])
     finally:
         result["rss_phases"] = trace.stop()
-        result["rss_high_water_bytes"] = rss_trace.high_water_bytes()  # this rank's own peak
+        high = rss_trace.high_water_bytes()  # this rank's own peak, where it passed the parent's
+        result["rss_high_water_bytes"] = high if high > trace.inherited_high_water else None
         (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     return 0 if result["status"] == OK else 3
 

@@ -6,7 +6,8 @@ shows it for the largest models, where host RAM is the wall.
 A sampler can miss a short spike (its thread waits for the GIL on a busy 2-core machine), so at
 every phase switch the trace also reads the kernel's high-water mark of the process's RSS
 (``getrusage``'s ``ru_maxrss``): when it rose during the phase being left, the new high was that
-phase's, and its peak is exact.
+phase's, and its peak is exact. (A process started from a bigger one begins with its parent's RSS
+as its mark, so this helps only once the process passes it.)
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class PhaseTrace:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample_forever, daemon=True)
         self._high_water = high_water_bytes()  # at the current phase's start
+        # On Linux a process started by fork and exec inherits its parent's RSS at the fork as its
+        # first high-water mark: only a mark above this one is the process's own.
+        self.inherited_high_water = self._high_water
 
     def _sample(self) -> int:
         rss = self._process.memory_info().rss

@@ -34,9 +34,11 @@ def test_ok_run_reports_every_field():
     # The trace's phases hold the worker's own peak (the kernel's high-water mark, read at each
     # phase switch). The parent's sampled peak counts the worker's children too (DeepSpeed's cpuinfo
     # probes and, on a first run, its JIT compilers: up to GBs), so it is no yardstick here.
+    # (None where the worker never passed the mark inherited from its parent at the fork; the
+    # kernel updates its mark lazily: psutil's samples may pass it by a few pages)
     own = r.ranks[0]["rss_high_water_bytes"]
-    # (the kernel updates its mark lazily: psutil's samples may pass it by a few pages)
-    assert own > 100 * 2**20 and max(p["peak_bytes"] for p in r.rss_phases) == pytest.approx(own, rel=0.01)
+    top = max(p["peak_bytes"] for p in r.rss_phases)
+    assert top > 100 * 2**20 and (own is None or top == pytest.approx(own, rel=0.01))
 
 
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):

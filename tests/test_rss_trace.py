@@ -34,15 +34,17 @@ def test_a_phase_entered_again_keeps_one_peak_and_counts_its_entries():
     assert [(p["name"], p["entries"]) for p in phases] == [("forward and backward", 3), ("optimizer step", 3)]
 
 
-# A fresh process (its high-water mark low): a 300 MB spike in a phase the sampler never samples
+# A fresh process: a spike 300 MB past its high so far in a phase the sampler never samples
 # (a 60 s interval), freed before the phase ends. Prints {phase: rise in MB}.
 UNSAMPLED = r"""
-import json
+import json, psutil
 from helpers import rss_trace
 trace = rss_trace.PhaseTrace(interval_s=60)
 trace.enter("calm")
+# past the process's high so far (imports may have peaked above what stays resident)
+need = rss_trace.high_water_bytes() - psutil.Process().memory_info().rss + 300 * 2**20
 trace.enter("spike")
-block = b"\x01" * (300 * 2**20)
+block = bytearray(b"\x01") * need
 del block
 trace.enter("after")
 print("RESULT", json.dumps({p["name"]: (p["peak_bytes"] - p["start_bytes"]) // 2**20 for p in trace.stop()}))
