@@ -35,14 +35,14 @@ def learning_rate_for(n_params: int) -> float:
     return next(lr for limit, lr in LEARNING_RATES if n_params < limit)
 
 
-#: fp16's first loss scale, as a power of 2, for the kit's short measured runs (the matrix of notebooks
-#: 03 and 05, the faster-offload variants, notebook 06's ladder, the memory grid), where DeepSpeed's
-#: usual 2**16 overflowed on the first steps and an overflowing step is skipped. Measured in T4
-#: emulation: 2 of 5 steps skipped at GPT-2 1.5B and 3 of 5 at 2.7B (whose loss then never fell; its
-#: scale settled at 2**14, the first that held); with Llama-shaped models (SmolLM2 360M, Qwen2.5 0.5B,
-#: Llama 3.2 1B) ZeRO skipped its first 2 of 3-4 steps while stage 0's FP16 optimizer skipped none, so their losses
-#: parted. 2**12 leaves a margin. Runs of thousands of steps may keep DeepSpeed's 16 (``build``'s
-#: default): the scale adapts within the first few steps.
+#: fp16's first loss scale, as a power of 2, for the kit's short measured runs (the matrix of
+#: notebooks 03 and 05, the faster-offload variants, notebook 06's ladder, the memory grid), where
+#: DeepSpeed's usual 2**16 overflowed on the first steps and an overflowing step is skipped.
+#: Measured in T4 emulation: 2 of 5 steps skipped at GPT-2 1.5B and 3 of 5 at 2.7B (whose loss then
+#: never fell; its scale settled at 2**14, the first that held); with Llama-shaped models (SmolLM2
+#: 360M, Qwen2.5 0.5B, Llama 3.2 1B) ZeRO skipped its first 2 of 3-4 steps while stage 0's FP16
+#: optimizer skipped none, so their losses parted. 2**12 leaves a margin. Runs of thousands of
+#: steps may keep DeepSpeed's 16 (``build``'s default): the scale adapts within the first steps.
 SHORT_RUN_SCALE_POWER = 12
 
 
