@@ -4,6 +4,9 @@
 #   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [grid]
 #   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
+# Each call must end on its own, inside its limit (start + ops build take about 90 s: "wait 420" in the
+# first call), and the next call must follow within the machine's idle release (30 s): a call killed at
+# its limit, or a longer pause, gives the machine back and its jobs and results with it (run 15).
 set -u
 W=/tmp/kit_gpu
 export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
