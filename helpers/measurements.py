@@ -65,9 +65,15 @@ def choice_of(label: str) -> dict:
     return found
 
 
+#: A row's "overflow_check" when it was measured before the kit sliced ZeRO-3's overflow check
+#: (helpers.deepspeed_fixes, 2026-11-30): DeepSpeed's whole-buffer check then ran.
+WHOLE_OVERFLOW_CHECK = "whole buffer"
+
+
 def row_config(row: dict, info: memory.ModelInfo) -> dict:
-    """The engine config a measured row ran with: its matrix row, fp16, pinned memory off."""
-    return matrix.config_for(
+    """The engine config a measured row ran with: its matrix row, fp16, pinned memory off, and the
+    row's own ``zero_overrides`` (notebook 06's NVMe rungs size their sub-groups to the model)."""
+    ds = matrix.config_for(
         choice_of(row["row"]),
         info,
         None,
@@ -76,6 +82,8 @@ def row_config(row: dict, info: memory.ModelInfo) -> dict:
         precision="fp16",
         pin_memory=False,
     )
+    ds["zero_optimization"].update(row.get("zero_overrides", {}))
+    return ds
 
 
 def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Prediction:
@@ -90,6 +98,7 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
         seq_len=row["seq_len"],
         grad_ckpt=row["grad_ckpt"],
         zero_init=bool(row.get("zero_init", False)),
+        sliced_overflow_check=row.get("overflow_check") != WHOLE_OVERFLOW_CHECK,
     )
     limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes, "nvme": None}
     words = {

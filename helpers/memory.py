@@ -66,6 +66,16 @@ HOST_PINNED_BYTES = 6
 #: (ZeRO-3 without offload) DeepSpeed's same code runs on the device; the kit's sliced fix
 #: (helpers.deepspeed_fixes) only covers host buffers.
 OVERFLOW_CHECK_BYTES = 3
+#: What ``engine.step()`` adds to host RAM with the optimizer offloaded at ZeRO-3 once the kit's
+#: sliced overflow check is in place (bytes per parameter): the step's rise over the end of
+#: backward in notebook 06's NVMe rungs, 0.37-0.41 at GPT-2 XL and 2.7B (GPU_RUNS.md runs 12, 14,
+#: 15). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place.
+SLICED_STEP_BYTES = 0.4
+#: Host RSS that a ZeRO-3 run whose model was built under ``deepspeed.zero.Init`` keeps above the
+#: process base, its gradients and its swap buffers (it has no host-built model to leave behind).
+#: The residual of notebook 06's NVMe rungs at 774M and 2.7B, 0.96 and 1.01 GiB (the fit half of
+#: the ladder's rows; 124M, 355M and 1.5B validate it: 0.86, 1.01 and 0.78 GiB).
+ZERO_INIT_HOST_BYTES = int(0.98 * GiB)
 #: Host RSS when the fp32 model has just been built (before ``deepspeed.initialize``): this
 #: constant, 4 bytes per parameter, and 4 bytes per element of the output head that transformers
 #: allocates before tying it to the input embedding (tied models only). The constant is the
@@ -362,6 +372,7 @@ def estimate(
     grad_ckpt: bool = True,
     on_gpu: bool = True,
     zero_init: bool = False,
+    sliced_overflow_check: bool = True,
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
@@ -373,7 +384,10 @@ def estimate(
     architecture, grouped-query heads and the MLP width included). Host RAM: the process base, what
     stays of the model built before ``deepspeed.initialize`` (unless ``zero_init`` builds it
     partitioned), offloaded states and their buffers. Without a GPU (``on_gpu=False``) the device
-    is the host: its states and activations add to the host's figures.
+    is the host: its states and activations add to the host's figures. ``sliced_overflow_check``:
+    whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
+    ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
+    the whole buffer (DeepSpeed 0.19.8 as it comes: about 3 bytes per parameter more).
     """
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
@@ -401,7 +415,10 @@ def estimate(
             est.add(place, kind, nbytes)
     if stage == 3 and (host_opt or host_par):
         est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
-        est.add("cpu", "step temporaries", p * OVERFLOW_CHECK_BYTES / n)
+        step = SLICED_STEP_BYTES if sliced_overflow_check else OVERFLOW_CHECK_BYTES
+        est.add("cpu", "step temporaries", p * step / n)
+        if zero_init:
+            est.add("cpu", "zero.Init build", ZERO_INIT_HOST_BYTES)
     if host_par == "nvme":
         par_cfg = zero.get("offload_param") or {}
         est.add(

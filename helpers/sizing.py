@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import config, matrix, measurements, memory, models, verdict
+from helpers import config, infinity, matrix, measurements, memory, models, verdict
 from helpers import env as kit_env
 from helpers.tables import Table
 from helpers.units import MISSING, gib
@@ -71,6 +71,10 @@ def limits(environment: kit_env.Environment) -> dict[str, int | None]:
     return {"gpu": gpu, "cpu": environment.ram_budget_bytes, "nvme": environment.disk_free_bytes}
 
 
+#: The last row of :func:`size`: how notebook 06 trains its biggest models (no host-built model).
+ZERO_INIT_NVME = "stage 3 + NVMe offload, zero.Init"
+
+
 def size(
     info: memory.ModelInfo,
     environment: kit_env.Environment,
@@ -79,10 +83,17 @@ def size(
     grad_ckpt: bool = True,
     world_size: int = 1,
 ) -> list[Sized]:
-    """Every row of the stage and offload matrix for this model: config, estimate, verdicts."""
+    """Every row of the stage and offload matrix for this model (built on the host, then
+    partitioned), then ZeRO-3 + NVMe with the model built under ``deepspeed.zero.Init`` and
+    notebook 06's sizing (:data:`ZERO_INIT_NVME`): config, estimate, verdicts."""
+    rows = [
+        (label, matrix.config_for(choice, info, environment, micro_batch, world_size), False)
+        for label, choice in matrix.CONFIGS
+    ]
+    nvme = infinity.nvme_config(info, environment, micro_batch, kit_env.default_offload_dir())
+    rows.append((ZERO_INIT_NVME, nvme, True))
     out = []
-    for label, choice in matrix.CONFIGS:
-        ds = matrix.config_for(choice, info, environment, micro_batch, world_size)
+    for label, ds, zero_init in rows:
         est = memory.estimate(
             info,
             ds,
@@ -91,6 +102,7 @@ def size(
             seq_len=seq_len,
             grad_ckpt=grad_ckpt,
             on_gpu=environment.has_gpu,
+            zero_init=zero_init,
         )
         needs = {p: est.total(p) for p in verdict.PLACES}
         out.append(Sized(label, ds, est, verdict.places(needs, limits(environment))))

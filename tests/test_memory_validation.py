@@ -213,7 +213,8 @@ def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
 # loss scale 2**16 skipped 2 of their 3 steps) and, after them, the same cases re-measured at 2**12
 # (--redo-first-step), which replaced them in helpers/memory_measurements.json.
 GRID_RECORD = ROOT / "tools" / "grid_runs" / "grid-2026-12-01-h200-t4.jsonl"
-FIRST_STEP = ["qwen2.5-0.5b-shaped|stage 3|1x2048|nockpt", "smollm2-360m-shaped|stage 2|8x512|nockpt",
+FIRST_STEP = ["qwen2.5-0.5b-shaped|stage 3|1x2048|nockpt",
+              "smollm2-360m-shaped|stage 2|8x512|nockpt",
               "smollm2-360m-shaped|stage 3|4x1024|nockpt"]
 PEAK_IN_STEP = "smollm2-360m-shaped|stage 1|2x2048|ckpt"
 
@@ -269,3 +270,42 @@ def test_a_first_step_run_still_fails_when_its_figure_is_off():
     assert claims.failed(held) == []
     step = dict(step, peak_gpu_allocated_bytes=2 * step["peak_gpu_allocated_bytes"])
     assert claims.failed(measurements.checks([measurements.predict(step)]))
+
+
+LADDER = [f"r14-{size}-s3nvme-zero-init" for size in ("124m", "355m", "774m", "1.5b", "2.7b")]
+
+
+def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build():
+    # The host of a zero.Init ZeRO-3 + NVMe run: base, fp16 gradients, swap buffers, the sliced
+    # check's step (0.4 B/param) and zero.Init's constant. DeepSpeed's whole-buffer check (3
+    # B/param) would put 2.7B past Colab's RAM, as it was before the kit's fix (17.6 GiB).
+    by_id = {r["id"]: r for r in ROWS}
+    for row_id in LADDER:
+        r = by_id[row_id]
+        p = measurements.predict(r)
+        host = p.estimate.parts["cpu"]
+        assert r["zero_init"] and claims.within(sum(host.values()), r["peak_host_rss_bytes"], 0.05)
+        assert "zero.Init build" in host and "model build" not in host
+    top = by_id[LADDER[-1]]
+    assert measurements.predict(top).words["cpu"] != verdict.NO_FIT  # it ran: 11.24 GiB
+    whole = measurements.predict({**top, "overflow_check": measurements.WHOLE_OVERFLOW_CHECK})
+    assert whole.estimate.total("cpu") > 1.2 * top["peak_host_rss_bytes"]
+    assert whole.words["cpu"] == verdict.NO_FIT
+    # the rows' own sub-groups (1/32 of the model) are what the prediction used
+    assert measurements.row_config(top, memory.ModelInfo.for_shape("gpt2-2.7b"))[
+        "zero_optimization"]["sub_group_size"] == top["zero_overrides"]["sub_group_size"]
+
+
+def test_zero_init_constant_and_sliced_step_are_needed(monkeypatch):
+    top = next(r for r in ROWS if r["id"] == LADDER[-1])
+    monkeypatch.setattr(memory, "ZERO_INIT_HOST_BYTES", 0)
+    assert not claims.within(measurements.predict(top).estimate.total("cpu"),
+                             top["peak_host_rss_bytes"], 0.05)
+    # runs from before the fix held the whole-buffer check's bytes: predicted so, they match;
+    # predicted as sliced, they read more than 10% low
+    before = next(r for r in ROWS if r["id"] == "r10-355m-s3cpu")
+    assert before["overflow_check"] == measurements.WHOLE_OVERFLOW_CHECK
+    assert claims.within(measurements.predict(before).estimate.total("cpu"),
+                         before["peak_host_rss_bytes"], 0.05)
+    sliced = measurements.predict({**before, "overflow_check": "sliced"}).estimate.total("cpu")
+    assert sliced < 0.9 * before["peak_host_rss_bytes"]
