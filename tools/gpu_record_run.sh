@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU record run of notebooks 05, 06 and 08 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [grid]
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [grid] [rung-2.7b]
 #   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 # Each call must end on its own, inside its limit (start + ops build take about 90 s: "wait 420" in the
@@ -54,16 +54,22 @@ start)
     > $W/jobcli.log 2>&1 < /dev/null &
   [[ $jobs == *" 06 "* ]] && CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
     --check --out $W/tutorial notebooks/06_biggest_model_on_a_t4.ipynb > $W/job06.log 2>&1 < /dev/null &
+  # "rung-2.7b": notebook 06's 2.7B NVMe rung with its own disk probe (tools/gpu_nvme_rung.py), alone on
+  # the disk: it starts once the other jobs have ended (about 7 minutes). The brackets keep the loop's
+  # own command line from matching its pattern.
+  [[ $jobs == *" rung-2.7b "* ]] && KIT_BENCH_LOG=$W/runs_rung.jsonl KIT_OFFLOAD_DIR=/tmp/kit_nvme_rung setsid nohup bash -c \
+    'sleep 5; while pgrep -f "[r]un_tutorial.py|[h]elpers.matrix|[p]ytest|[m]easure_memory_grid" > /dev/null; do sleep 5; done
+     python3 tools/gpu_nvme_rung.py gpt2-2.7b' > $W/job_rung.log 2>&1 < /dev/null &
   sleep 2; echo "jobs started";;
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ]; do
-    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest|measure_memory_grid" | wc -l)
+    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest|measure_memory_grid|gpu_nvme_rung" | wc -l)
     [ "$running" -eq 0 ] && break
     sleep 20
     echo "[$(date +%T)] runs done:" $(for f in $W/runs*.jsonl; do [ -f $f ] && echo "$(basename $f .jsonl)=$(wc -l < $f)"; done)
   done
-  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest|measure_memory_grid' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest|measure_memory_grid|gpu_nvme_rung' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
@@ -88,6 +94,7 @@ for f in sorted(w.glob("runs*.jsonl")):
               "ranks", [(x.get("optimizer_bytes"), x.get("grads_bytes"), x.get("params_bytes"), gib(x.get("peak_gpu_allocated_bytes"))) for x in r["ranks"]],
               "rss phases", [(p["name"], gib(p["start_bytes"]), gib(p["peak_bytes"])) for p in r.get("rss_phases", [])])
 PY
+  [ -f $W/job_rung.log ] && grep -v -i warn $W/job_rung.log | tail -n 8
   for f in $W/job05.log $W/job06.log; do [ -f $f ] && grep -v WARNING $f | tail -n 3; done
   for f in $W/job_*.log; do [ -f $f ] && { echo "== $f"; grep -E "passed|failed|FAILED|Error|these checks failed" $f | tail -n 8; }; done
   [ -f $W/jobcli.log ] && tail -n 25 $W/jobcli.log
