@@ -17,6 +17,7 @@ PUBLISHED = {
     "smollm2-360m-shaped": 361.8e6,  # HuggingFaceTB/SmolLM2-360M
     "qwen2.5-0.5b-shaped": 494.0e6,  # Qwen/Qwen2.5-0.5B ("0.49B")
     "llama-3.2-1b-shaped": 1.236e9,  # meta-llama/Llama-3.2-1B ("1.23B")
+    "llama-3.2-3b-shaped": 3.213e9,  # meta-llama/Llama-3.2-3B ("3.21B")
     "tinyllama-1.1b-shaped": 1.100e9,  # TinyLlama/TinyLlama-1.1B
 }
 
@@ -26,6 +27,7 @@ REAL_NUMBERS = {
     "smollm2-360m-shaped": (32, 960, 15, 5, 2560, 49152, True, 1e5),
     "qwen2.5-0.5b-shaped": (24, 896, 14, 2, 4864, 151936, True, 1e6),
     "llama-3.2-1b-shaped": (16, 2048, 32, 8, 8192, 128256, True, 5e5),
+    "llama-3.2-3b-shaped": (28, 3072, 24, 8, 8192, 128256, True, 5e5),
     "tinyllama-1.1b-shaped": (22, 2048, 32, 4, 5632, 32000, False, 1e4),
 }
 
