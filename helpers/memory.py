@@ -68,8 +68,9 @@ HOST_PINNED_BYTES = 6
 OVERFLOW_CHECK_BYTES = 3
 #: What ``engine.step()`` adds to host RAM with the optimizer offloaded at ZeRO-3 once the kit's
 #: sliced overflow check is in place (bytes per parameter): the step's rise over the end of
-#: backward in notebook 06's NVMe rungs, 0.37-0.41 at GPT-2 XL and 2.7B (GPU_RUNS.md runs 12, 14,
-#: 15). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place.
+#: backward in notebook 06's 2.7B NVMe rung (a fit row), 0.37 and 0.39 (GPU_RUNS.md runs 12 and
+#: 14); XL's validation rung rose 0.38-0.41 (runs 12, 15). Without the fix the whole-buffer check's
+#: OVERFLOW_CHECK_BYTES stands in its place.
 SLICED_STEP_BYTES = 0.4
 #: Host RSS that a ZeRO-3 run whose model was built under ``deepspeed.zero.Init`` keeps above the
 #: process base, its gradients and its swap buffers (it has no host-built model to leave behind).
