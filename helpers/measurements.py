@@ -65,9 +65,20 @@ def choice_of(label: str) -> dict:
     return found
 
 
-#: A row's "overflow_check" when it was measured before the kit sliced ZeRO-3's overflow check
-#: (helpers.deepspeed_fixes, 2026-11-30): DeepSpeed's whole-buffer check then ran.
-WHOLE_OVERFLOW_CHECK = "whole buffer"
+#: A row's "overflow_check": "sliced" (the default: the kit's helpers.deepspeed_fixes ran) or
+#: "whole buffer" (measured before the kit sliced ZeRO-3's overflow check on 2026-11-30).
+SLICED_OVERFLOW_CHECK, WHOLE_OVERFLOW_CHECK = "sliced", "whole buffer"
+
+
+def sliced_check(row: dict) -> bool:
+    """Whether the row's run had the kit's sliced overflow check (ValueError for another value)."""
+    value = row.get("overflow_check", SLICED_OVERFLOW_CHECK)
+    if value not in (SLICED_OVERFLOW_CHECK, WHOLE_OVERFLOW_CHECK):
+        raise ValueError(
+            f"row {row.get('id')!r}: overflow_check {value!r} is neither "
+            f"{SLICED_OVERFLOW_CHECK!r} nor {WHOLE_OVERFLOW_CHECK!r}"
+        )
+    return value == SLICED_OVERFLOW_CHECK
 
 
 def row_config(row: dict, info: memory.ModelInfo) -> dict:
@@ -98,7 +109,7 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
         seq_len=row["seq_len"],
         grad_ckpt=row["grad_ckpt"],
         zero_init=bool(row.get("zero_init", False)),
-        sliced_overflow_check=row.get("overflow_check") != WHOLE_OVERFLOW_CHECK,
+        sliced_overflow_check=sliced_check(row),
     )
     limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes, "nvme": None}
     words = {

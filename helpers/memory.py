@@ -69,14 +69,16 @@ OVERFLOW_CHECK_BYTES = 3
 #: What ``engine.step()`` adds to host RAM with the optimizer offloaded at ZeRO-3 once the kit's
 #: sliced overflow check is in place (bytes per parameter): the step's rise over the end of
 #: backward in notebook 06's 2.7B NVMe rung (a fit row), 0.37 and 0.39 (GPU_RUNS.md runs 12 and
-#: 14); XL's validation rung rose 0.38-0.41 (runs 12, 15). Without the fix the whole-buffer check's
-#: OVERFLOW_CHECK_BYTES stands in its place.
-SLICED_STEP_BYTES = 0.4
-#: Host RSS that a ZeRO-3 run whose model was built under ``deepspeed.zero.Init`` keeps above the
-#: process base, its gradients and its swap buffers (it has no host-built model to leave behind).
-#: The residual of notebook 06's NVMe rungs at 774M and 2.7B, 0.96 and 1.01 GiB (the fit half of
-#: the ladder's rows; 124M, 355M and 1.5B validate it: 0.86, 1.01 and 0.78 GiB).
-ZERO_INIT_HOST_BYTES = int(0.98 * GiB)
+#: 14). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place.
+SLICED_STEP_BYTES = 0.38
+#: ...and at least this much: small models' steps rise by a size-independent amount (the fit row
+#: SmolLM2-135M-shaped ZeRO-3 + NVMe 2 x 512: 0.25 GiB, 2 bytes per parameter).
+SLICED_STEP_FLOOR = int(0.25 * GiB)
+#: Host RSS that a ZeRO-3 run with offload whose model was built under ``deepspeed.zero.Init``
+#: keeps above the process base, its gradients, its step and its swap buffers (it has no
+#: host-built model to leave behind): the residual of notebook 06's NVMe rungs at 774M and 2.7B
+#: (the ladder's fit rows, GPU_RUNS.md run 14), 0.98 and 1.06 GiB.
+ZERO_INIT_HOST_BYTES = int(1.02 * GiB)
 #: Host RSS when the fp32 model has just been built (before ``deepspeed.initialize``): this
 #: constant, 4 bytes per parameter, and 4 bytes per element of the output head that transformers
 #: allocates before tying it to the input embedding (tied models only). The constant is the
@@ -388,7 +390,7 @@ def estimate(
     is the host: its states and activations add to the host's figures. ``sliced_overflow_check``:
     whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
     ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
-    the whole buffer (DeepSpeed 0.19.8 as it comes: about 3 bytes per parameter more).
+    the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
     """
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
@@ -416,22 +418,25 @@ def estimate(
             est.add(place, kind, nbytes)
     if stage == 3 and (host_opt or host_par):
         est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
-        step = SLICED_STEP_BYTES if sliced_overflow_check else OVERFLOW_CHECK_BYTES
-        est.add("cpu", "step temporaries", p * step / n)
+        if sliced_overflow_check:
+            step = max(SLICED_STEP_BYTES * p / n, SLICED_STEP_FLOOR)
+        else:
+            step = OVERFLOW_CHECK_BYTES * p / n
+        est.add("cpu", "step temporaries", step)
         if zero_init:
             est.add("cpu", "zero.Init build", ZERO_INIT_HOST_BYTES)
     if host_par == "nvme":
         par_cfg = zero.get("offload_param") or {}
         est.add(
             "cpu",
-            "buffers",
+            "parameter swap buffers",
             int(par_cfg.get("buffer_count", 5)) * int(par_cfg.get("buffer_size", 1e8)) * w,
         )
     if host_opt == "nvme":
         opt_cfg = zero.get("offload_optimizer") or {}
         est.add(
             "cpu",
-            "buffers",
+            "optimizer swap buffers",
             int(opt_cfg.get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * FP32,
         )
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):

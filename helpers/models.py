@@ -67,11 +67,11 @@ LLAMA_SHAPES: dict[str, LlamaShape] = {
                                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
     # past notebook 06's 2.7B headline: sized by helpers.sizing, not trained on Colab's RAM (README)
-    "llama-3.2-3b-shaped": LlamaShape(28, 3072, 8192, 24, 8, 128256, tied=True, rope_theta=500000.0,
-                                      max_positions=131072, checkpoint="meta-llama/Llama-3.2-3B",
-                                      bos=128000, eos=128001,
-                                      rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "llama-3.2-3b-shaped": LlamaShape(
+        28, 3072, 8192, 24, 8, 128256, tied=True, rope_theta=500000.0, max_positions=131072,
+        checkpoint="meta-llama/Llama-3.2-3B", bos=128000, eos=128001,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
     "tinyllama-1.1b-shaped": LlamaShape(22, 2048, 5632, 32, 4, 32000, tied=False,
                                         checkpoint="TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"),
 }
