@@ -29,7 +29,7 @@ METHODS: list[tuple[str, dict]] = [
 
 
 def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
-                nvme_path: str | os.PathLike, steps: int = 10) -> dict:
+                nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1) -> dict:
     """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
 
     Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
@@ -41,7 +41,8 @@ def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro
     tight = environment.ram_budget_bytes < config.PIN_MEMORY_MIN_RAM
     sub_group = int(min(1e8, max(1e6, model.n_params // 32)))
     return config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
-                        trainer=False, environment=environment, nvme_path=nvme_path, pin_memory=not tight,
+                        world_size=world_size, trainer=False, environment=environment,
+                        nvme_path=nvme_path, pin_memory=not tight,
                         largest_param_numel=model.largest_param_numel, sub_group_size=sub_group,
                         max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
                         param_persistence_threshold=int(1e5), **schedule(model, steps))

@@ -90,8 +90,9 @@ def size(
         (label, matrix.config_for(choice, info, environment, micro_batch, world_size), False)
         for label, choice in matrix.CONFIGS
     ]
-    nvme = infinity.nvme_config(info, environment, micro_batch, kit_env.default_offload_dir())
-    nvme["train_batch_size"] = micro_batch * nvme["gradient_accumulation_steps"] * world_size
+    nvme = infinity.nvme_config(
+        info, environment, micro_batch, kit_env.default_offload_dir(), world_size=world_size
+    )
     rows.append((ZERO_INIT_NVME, nvme, True))
     out = []
     for label, ds, zero_init in rows:
