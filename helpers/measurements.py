@@ -98,7 +98,8 @@ def row_config(row: dict, info: memory.ModelInfo) -> dict:
 
 
 def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Prediction:
-    """The estimate and T4 verdicts for one row (``infos`` caches ModelInfo by shape)."""
+    """The estimate and T4 verdicts (GPU, host RAM) for one row (``infos`` caches ModelInfo by
+    shape)."""
     infos = {} if infos is None else infos
     info = infos.setdefault(row["shape"], memory.ModelInfo.for_shape(row["shape"]))
     est = memory.estimate(
@@ -111,11 +112,10 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
         zero_init=bool(row.get("zero_init", False)),
         sliced_overflow_check=sliced_check(row),
     )
-    limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes, "nvme": None}
-    words = {
-        p: v.word
-        for p, v in verdict.places({k: est.total(k) for k in verdict.PLACES}, limits).items()
-    }
+    # GPU and host RAM only: a T4 emulation has no disk figure (Colab's free disk varies), and
+    # every row's disk use is in the row itself (peak_nvme_bytes)
+    limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes}
+    words = {p: v.word for p, v in verdict.places({k: est.total(k) for k in limits}, limits).items()}
     return Prediction(row, est, words)
 
 
@@ -206,9 +206,16 @@ def checks(
     return out
 
 
+def overall_verdict(words: dict[str, str]) -> str:
+    """The worst of a row's verdicts, naming where it binds: "does not fit (host RAM)"."""
+    word = verdict.worst(list(words.values()))
+    where = [verdict.PLACES[p] for p, w in words.items() if w == word and w != verdict.FITS]
+    return word + (f" ({', '.join(where)})" if where else "")
+
+
 def table(predictions: list[Prediction], title: str = "Predicted against measured") -> Table:
-    """One line per row: measured and predicted GPU and host GiB, errors, the T4 verdict, the
-    split."""
+    """One line per row: measured and predicted GPU and host GiB, errors, the T4 verdict over GPU
+    and host RAM (a run killed for host RAM shows the host's), the split."""
 
     def pct(e: float | None) -> str:
         return "-" if e is None else f"{e:+.1%}"
@@ -230,7 +237,7 @@ def table(predictions: list[Prediction], title: str = "Predicted against measure
                 gib(host),
                 gib(est.total("cpu")),
                 pct(_error(est.total("cpu"), host_cmp)),
-                p.words.get("gpu", "-"),
+                overall_verdict(p.words),
                 est.phase.get("gpu", "-"),
                 r.get("split", "-"),
             )
@@ -247,7 +254,7 @@ def table(predictions: list[Prediction], title: str = "Predicted against measure
             "host GiB",
             "predicted",
             "error",
-            "T4 verdict",
+            "T4 verdict (GPU, host RAM)",
             "GPU peak at",
             "split",
         ],

@@ -327,3 +327,18 @@ def test_zero_init_constant_step_floor_and_sliced_step_are_needed(monkeypatch):
     assert measurements.predict(sliced).estimate.total("cpu") < 0.9 * before["peak_host_rss_bytes"]
     with pytest.raises(ValueError, match="neither 'sliced' nor 'whole buffer'"):
         measurements.predict({**before, "overflow_check": "whole"})  # a typo is not "sliced"
+
+
+def test_the_table_verdict_names_the_place_that_binds_not_only_the_gpu():
+    # the 774M ZeRO-2 + CPU offload run was killed for host RAM: its GPU verdict is "fits", so a
+    # table showing only the GPU's word read "killed for host RAM ... fits"
+    killed = next(r for r in ROWS if r["status"] == "killed for host RAM")
+    p = measurements.predict(killed)
+    assert p.words["gpu"] == verdict.FITS and p.words["cpu"] == verdict.NO_FIT
+    row = measurements.table([p]).rows[0]
+    assert "does not fit (host RAM)" in row, row
+    assert measurements.overall_verdict({"gpu": verdict.FITS, "cpu": verdict.FITS}) == verdict.FITS
+    assert measurements.overall_verdict({"gpu": verdict.TIGHT, "cpu": verdict.FITS}) == "tight (GPU)"
+    # a T4 emulation has no disk limit: an NVMe row that ran within GPU and RAM reads "fits"
+    xl = next(r for r in ROWS if r["shape"] == "gpt2-1.5b" and "NVMe" in r["row"] and r["status"] == "ok")
+    assert measurements.table([measurements.predict(xl)]).rows[0][10] == verdict.FITS
