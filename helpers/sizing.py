@@ -72,7 +72,7 @@ def limits(environment: kit_env.Environment) -> dict[str, int | None]:
 
 
 #: The last row of :func:`size`: how notebook 06 trains its biggest models (no host-built model).
-ZERO_INIT_NVME = "stage 3 + NVMe offload, zero.Init"
+ZERO_INIT_NVME = "stage 3 + NVMe offload under zero.Init"
 
 
 def size(
