@@ -1,23 +1,64 @@
 # ZeRO Kit entry points. Two commands matter (README, Quickstart):
 #   make tutorial   set up, then run every notebook headless; executed copies in build/tutorial/
 #   make test       set up, then run every test: pytest of helpers and configs, nbval of notebooks
+# Both start with `make setup`, which does all the set-up: the system packages where this machine
+# allows (tools/system_packages.sh), the Python packages, and DeepSpeed's ops, compiled once.
 PYTHON ?= python3
 VENV ?= .venv
 # A CPU build of torch where one is at hand; any torch in requirements.txt's range works.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup tutorial test nbcheck nbclear nbsync clean
+# One cache per machine, shared by every clone of the kit: the packages of requirements.txt in one
+# environment, and DeepSpeed's compiled ops beside it. DeepSpeed's JIT builds are keyed to the
+# paths of torch's and DeepSpeed's files (ninja rebuilds when a compile command changes), so a
+# clone whose .venv held its own copies would compile every op again (minutes on 2 cores). The
+# clone's .venv is a thin environment (the kit, editable) that sees the shared one through a .pth.
+KIT_CACHE ?= $(HOME)/.cache/zero-kit
+export TORCH_EXTENSIONS_DIR ?= $(KIT_CACHE)/torch_extensions
+ENV_KEY := $(shell { $(PYTHON) -c 'import sys; print(sys.version)'; echo '$(TORCH_SPEC)'; \
+                     cat requirements.txt; } | sha256sum | cut -c1-12)
+SHARED := $(KIT_CACHE)/env-$(ENV_KEY)
+OPS_STAMP := $(TORCH_EXTENSIONS_DIR)/.zero-kit-ops-$(ENV_KEY)
+# DeepSpeed's ops compiled side by side (each compile is one or two C++ files).
+OP_JOBS ?= 2
 
-setup: $(VENV)/.installed
+.PHONY: setup system-packages ops tutorial test nbcheck nbclear nbsync clean
 
-$(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -r requirements.txt -e .
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+setup: system-packages $(VENV)/.installed ops
+
+system-packages:
+	@bash tools/system_packages.sh
+
+$(SHARED)/.installed:
+	$(PYTHON) -m venv $(SHARED)
+	$(SHARED)/bin/python -m pip install -q --upgrade pip
+	$(SHARED)/bin/python -c "import torch" 2>/dev/null || \
+	    $(SHARED)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(SHARED)/bin/python -m pip install -q -r requirements.txt
 	touch $@
+
+$(VENV)/.installed: $(SHARED)/.installed requirements.txt pyproject.toml
+	$(PYTHON) -m venv --clear $(VENV)
+	$(SHARED)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+	    > "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zero-kit-shared.pth"
+	$(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@# Jupyter's data and config (nbconvert's templates, widgets) and the shared commands
+	@# (jupyter, deepspeed, accelerate, torchrun, ...) seen from .venv too; .venv keeps its kernel.
+	for d in $(SHARED)/share/jupyter/*; do [ "$${d##*/}" = kernels ] || ln -sfn "$$d" $(VENV)/share/jupyter/; done
+	[ ! -d $(SHARED)/etc/jupyter ] || { mkdir -p $(VENV)/etc && ln -sfn $(SHARED)/etc/jupyter $(VENV)/etc/jupyter; }
+	for f in $(SHARED)/bin/*; do case "$${f##*/}" in python*|pip*|activate*|Activate*) ;; \
+	    *) [ -e "$(BIN)/$${f##*/}" ] || ln -s "$$f" $(BIN)/; esac; done
+	echo "$(SHARED)" > $@
+
+# Compiled once per machine (the stamp), before any notebook or test: a compiler must never run
+# inside a measured run. Without libaio, async_io does not build and the stamp waits for it.
+ops: $(VENV)/.installed
+	@test -e "$(OPS_STAMP)" || { mkdir -p "$(TORCH_EXTENSIONS_DIR)" && \
+	    echo "setup: compiling DeepSpeed's ops into $(TORCH_EXTENSIONS_DIR) (once per machine)" && \
+	    $(BIN)/python -m helpers.doctor --prebuild --jobs $(OP_JOBS) --ops-only && \
+	    touch "$(OPS_STAMP)"; } || echo "setup: not every op built (the table above says why)"
 
 tutorial: setup
 	$(BIN)/python tools/run_tutorial.py

@@ -16,6 +16,8 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     "MPLBACKEND": "agg",
+    # DeepSpeed's compiled ops: one cache per machine, shared by every clone (the Makefile's default)
+    "TORCH_EXTENSIONS_DIR": os.path.expanduser("~/.cache/zero-kit/torch_extensions"),
 }.items():
     os.environ.setdefault(key, value)
 

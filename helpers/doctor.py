@@ -270,6 +270,7 @@ class OpStatus:
     log: list[str] = field(default_factory=list)  # the relevant compiler lines of a failed build
     works: bool | None = None  # loaded and did its job (EXERCISES); None: not exercised
     works_error: float | None = None  # the exercise's largest error
+    compiled_seconds: float | None = None  # the build that made the cached op (build_times.json)
 
 
 @contextlib.contextmanager
@@ -357,25 +358,58 @@ def diagnose_build_log(lines: list[str]) -> str:
     return "See the compiler lines above; the diagnoses table lists the usual causes."
 
 
-def _extension_cached(name: str) -> bool:
-    """True when torch's extension cache already holds a built .so for this op."""
+def _extension_folder(name: str) -> Path | None:
+    """Where torch's JIT cache keeps this op's build (TORCH_EXTENSIONS_DIR/NAME)."""
     from torch.utils.cpp_extension import _get_build_directory
 
     try:
-        folder = Path(_get_build_directory(name, verbose=False))
+        return Path(_get_build_directory(name, verbose=False))
     except Exception:
-        return False
-    return any(folder.glob(f"{name}*.so"))
+        return None
+
+
+def _built_library_times(name: str) -> dict[str, float]:
+    """The op's built libraries in torch's extension cache, with their modification times."""
+    folder = _extension_folder(name)
+    return {str(p): p.stat().st_mtime for p in folder.glob(f"{name}*.so")} if folder else {}
+
+
+#: Beside the ops in the extension cache: how long each op's compile took, and when.
+BUILD_TIMES = "zero-kit-build-times.json"
+
+
+def build_times() -> dict[str, dict]:
+    """The recorded compiles of the cached ops: {op: {"seconds": s, "when": ISO date}}."""
+    folder = _extension_folder("cpu_adam")
+    try:
+        return json.loads((folder.parent / BUILD_TIMES).read_text()) if folder else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _record_build(name: str, seconds: float) -> None:
+    folder = _extension_folder(name)
+    if folder is None:
+        return
+    record = build_times()
+    record[name] = {"seconds": round(seconds, 1), "when": time.strftime("%Y-%m-%d %H:%M")}
+    path = folder.parent / BUILD_TIMES
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
 
 
 def build_op(name: str, timeout: int = 1800) -> OpStatus:
-    """JIT-compile and load one op in a fresh subprocess; time it; keep the relevant lines on failure."""
+    """JIT-compile and load one op in a fresh subprocess; time it; keep the relevant lines on failure.
+
+    A compile's time is recorded beside the cache, so a later load of the cached op still says how
+    long its build took (notebook 02 shows it)."""
     status = next(iter(op_report([name])))
     if not status.compatible:
         status.loads = False
         status.log = [status.why] if status.why else []
         return status
-    status.cached = _extension_cached(name)
+    before = _built_library_times(name)
     start = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "helpers.doctor", "--load", name], capture_output=True,
@@ -385,6 +419,13 @@ def build_op(name: str, timeout: int = 1800) -> OpStatus:
         ok, log = False, f"the build took longer than {timeout} s (timeout)\n{err.stdout or ''}"
     status.seconds = time.perf_counter() - start
     status.loads = ok
+    # cached only if the library was there and ninja left it alone (a changed compile command, as
+    # after DeepSpeed moved to another folder, rebuilds it in place)
+    status.cached = bool(before) and _built_library_times(name) == before
+    if ok and not status.cached:
+        _record_build(name, status.seconds)
+    if ok:
+        status.compiled_seconds = (build_times().get(name) or {}).get("seconds")
     mark = re.search(rf"{WORKS_MARK} (True|False) (\S+)(.*)", log)
     if ok and mark:
         status.works, status.works_error = mark.group(1) == "True", float(mark.group(2))
@@ -396,24 +437,43 @@ def build_op(name: str, timeout: int = 1800) -> OpStatus:
     return status
 
 
-def prebuild(names: list[str] | None = None, progress: bool = True) -> list[OpStatus]:
-    """Build and load each op the kit needs here, one by one, with a progress bar; never raises."""
+def prebuild(names: list[str] | None = None, progress: bool = True, jobs: int = 1) -> list[OpStatus]:
+    """Build and load each op the kit needs here, with a progress bar; never raises.
+
+    ``jobs`` > 1 builds that many ops side by side (each in its own subprocess); the results keep
+    the order of ``names``."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tqdm.auto import tqdm
 
     names = names or kit_ops(kit_env.describe().has_gpu)
-    results = []
-    bar = tqdm(names, desc="building DeepSpeed ops", disable=not progress)
-    for name in bar:
+    bar = tqdm(total=len(names), desc="building DeepSpeed ops", disable=not progress)
+
+    def one(name: str) -> OpStatus:
+        status = build_op(name)
         bar.set_postfix_str(name)
-        results.append(build_op(name))
+        bar.update()
+        return status
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, names))
+    bar.close()
     return results
+
+
+def build_note(status: OpStatus) -> str:
+    """'compiled', or 'cached' with how long the compile that made it took (when recorded)."""
+    if not status.cached:
+        return "compiled"
+    took = status.compiled_seconds
+    return f"cached; its compile took {took:.0f} s" if took else "cached"
 
 
 def ops_table(statuses: list[OpStatus]) -> Table:
     """The op report as a table: installed, compatible, loads, seconds, and why not."""
     rows = []
     for s in statuses:
-        seconds = "-" if s.seconds is None else f"{s.seconds:.1f} s" + (" (cached)" if s.cached else " (compiled)")
+        seconds = "-" if s.seconds is None else f"{s.seconds:.1f} s ({build_note(s)})"
         loads = "not tried" if s.loads is None else ("yes" if s.loads else "NO")
         note = s.why + ("  |  " + "  |  ".join(s.log) if s.log and s.log != [s.why] else "")
         rows.append((s.name, s.installed, s.compatible, loads, seconds, note or s.purpose))
@@ -621,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.OneLineParser(prog="python -m helpers.doctor", name="doctor",
                                description="ds_report explained: ops, diagnoses, verdict")
     parser.add_argument("--prebuild", action="store_true", help="compile and load each op the kit uses")
+    parser.add_argument("--jobs", type=int, default=1, help="with --prebuild: ops built side by side")
+    parser.add_argument("--ops-only", action="store_true",
+                        help="with --prebuild: print the ops table only; exit 1 unless every op loads")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--load", metavar="OP", help=argparse.SUPPRESS)  # used by build_op's subprocess
     args = parser.parse_args(argv)
@@ -633,9 +696,14 @@ def main(argv: list[str] | None = None) -> int:
         return _load_in_this_process(args.load)
     environment = kit_env.describe()
     apply_safe_fixes(environment)
+    if args.prebuild and args.ops_only:
+        statuses = prebuild(progress=False, jobs=args.jobs)
+        print(ops_table(statuses))
+        return 0 if all(s.loads for s in statuses) else 1
     facts = gather_facts(environment)
     found = diagnose(facts)
-    statuses = prebuild(progress=False) if args.prebuild else op_report(environment=environment)
+    statuses = (prebuild(progress=False, jobs=args.jobs) if args.prebuild
+                else op_report(environment=environment))
     rows = verdict(facts, statuses, found)
     if args.json:
         print(json.dumps({"facts": asdict(facts), "ops": [asdict(s) for s in statuses],
@@ -647,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str, str]]) -> list[str]:
     """Notebook 02's summary: what was built and what is ready, each figure from this run."""
-    built = [f"{s.name} {s.seconds:.0f} s ({'cached' if s.cached else 'compiled'})" for s in statuses
+    built = [f"{s.name} {s.seconds:.0f} s ({build_note(s)})" for s in statuses
              if s.loads and s.seconds is not None]
     ready = [c for c, status, _ in rows if status == READY]
     missing = [f"{c} ({status}: {why[:60]})" for c, status, why in rows if status != READY]

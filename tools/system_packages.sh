@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The Debian packages the kit needs beyond Python, installed where this machine allows:
+#   libaio-dev  DeepSpeed's async_io op (NVMe offload, ZeRO-Infinity) links against it
+#   chromium    the browser test of notebook 03's form (tests/test_browser_form.py)
+# Debian and Ubuntu (Colab too): as root with apt-get the missing ones are installed; otherwise the one
+# command that installs them is printed and setup goes on: the tutorial then runs everything that
+# does not need them and says what it left out.
+#   bash tools/system_packages.sh            install or advise; always exits 0
+#   bash tools/system_packages.sh --strict   the same, then exits 1 if any is still missing (CI)
+set -uo pipefail
+
+missing() {
+  local out=""
+  dpkg -s libaio-dev >/dev/null 2>&1 || out="$out libaio-dev"
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+    || out="$out chromium"
+  echo "$out"
+}
+
+need="$(missing)"
+if [ -n "$need" ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing the system packages the kit needs:$need"
+    log="${TMPDIR:-/tmp}/zero-kit-apt.log"
+    if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need) \
+        >"$log" 2>&1; then
+      echo "setup: apt-get could not install:$need (log: $log)"
+      tail -5 "$log"
+    fi
+  else
+    echo "setup: missing system packages:$need. Install them with:"
+    echo "    sudo apt-get install -y$need"
+    echo "setup: going on without them (without libaio-dev NVMe offload rows are reported as" \
+         "not run; without chromium the browser test cannot run)"
+  fi
+  need="$(missing)"
+fi
+if [ "${1:-}" = "--strict" ] && [ -n "$need" ]; then
+  echo "setup: still missing:$need (needed under CI: NVMe offload and the browser test)" >&2
+  exit 1
+fi
+exit 0
