@@ -218,6 +218,34 @@ def test_a_headline_that_fits_under_stage_0_fails(cpu):
     assert "gpt2-1.5b under stage 0 runs out of GPU memory" in bad
 
 
+def _without_libaio(status=bench.NOT_HERE, message="libaio missing: apt-get install -y libaio-dev"):
+    rungs = []
+    for r in _ladder():
+        if r.method == "ZeRO-3 + NVMe":
+            r = _rung(r.shape, r.method, status)
+            r.result.message = message
+        rungs.append(r)
+    return rungs
+
+
+def test_without_libaio_the_headline_is_reported_not_run_and_the_checks_hold(cpu):
+    """Colab as it is (no libaio): the NVMe rungs say why they did not run, no NVMe claim is made,
+    and the checks hold to what ran (stage 0 still runs out of GPU memory at the headline)."""
+    for machine in (cpu, t4(cpu)):
+        held = infinity.checks(_without_libaio(), machine, "gpt2-1.5b", nvme_ready=False)
+        assert failed(held) == [], failed(held)
+        assert not any("trains with ZeRO-3 + NVMe" in c for c, _ in held)
+    bad = failed(infinity.checks(_without_libaio(status=bench.ERROR, message="boom"), cpu, "gpt2-1.5b",
+                                 nvme_ready=False))
+    assert any(c.startswith("libaio is missing, so every ZeRO-3 + NVMe rung is reported") for c in bad)
+    no_nvme_rows = [r for r in _ladder() if r.method != "ZeRO-3 + NVMe"]
+    assert any(c.startswith("libaio is missing") for c in failed(
+        infinity.checks(no_nvme_rows, cpu, "gpt2-1.5b", nvme_ready=False)))  # nothing to report: fails
+    fits = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _without_libaio()]
+    assert "gpt2-1.5b under stage 0 runs out of GPU memory" in failed(
+        infinity.checks(fits, t4(cpu), "gpt2-1.5b", nvme_ready=False))
+
+
 STEP_CLAIM = "the optimizer step adds at most"
 
 
