@@ -16,7 +16,8 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 4. config_check: every value DeepSpeed would reject, found before an engine starts
 5. config: build, explain, save and load DeepSpeed configs
 6. bench, doctor: one run in a subprocess (the runner); ds_report explained
-7. matrix, infinity, train, machine_check: notebook-level logic (05, 06, 04, 01)
+7. matrix, infinity, finetune, train, machine_check: notebook-level logic (05, 06 and its
+   fine-tune, 04, 01)
 8. widgets, zero_picture, three_ways, measurements, offload_speed: notebook 03's form, the ZeRO
    picture, notebook 07's paths, the stored memory measurements and the estimator checked against
    them, notebook 05's faster offload; parallel: notebook 08's pipeline, MoE and AutoTP runs
@@ -34,7 +35,7 @@ LAYERS: list[list[str]] = [
     ["config_check"],
     ["config"],
     ["bench", "doctor"],
-    ["matrix", "infinity", "train", "machine_check"],
+    ["matrix", "infinity", "finetune", "train", "machine_check"],
     ["widgets", "zero_picture", "three_ways", "measurements", "offload_speed", "parallel"],
     ["sizing"],
 ]

@@ -61,6 +61,10 @@ LLAMA_SHAPES: dict[str, LlamaShape] = {
     "qwen2.5-0.5b-shaped": LlamaShape(24, 896, 4864, 14, 2, 151936, tied=True, rope_theta=1000000.0,
                                       max_positions=32768, family="qwen2", checkpoint="Qwen/Qwen2.5-0.5B",
                                       rms_norm_eps=1e-6, bos=151643, eos=151643),
+    # notebook 06's fine-tune: a pretrained model that a T4 trains only with ZeRO-Infinity
+    "qwen2.5-1.5b-shaped": LlamaShape(28, 1536, 8960, 12, 2, 151936, tied=True, rope_theta=1000000.0,
+                                      max_positions=131072, family="qwen2", checkpoint="Qwen/Qwen2.5-1.5B",
+                                      rms_norm_eps=1e-6, bos=151643, eos=151643),
     "llama-3.2-1b-shaped": LlamaShape(16, 2048, 8192, 32, 8, 128256, tied=True, rope_theta=500000.0,
                                       max_positions=131072, checkpoint="meta-llama/Llama-3.2-1B",
                                       bos=128000, eos=128001,
@@ -212,19 +216,50 @@ def offline_tokenizer(vocab_size: int = 1024, seed: int = 0):
                                    unk_token=end, model_max_length=1024)
 
 
-def save_offline_model(folder: str | os.PathLike, shape: str = "tiny", seed: int = 0) -> Path:
+def save_offline_model(folder: str | os.PathLike, shape: str = "tiny", seed: int = 0,
+                       keep_vocab: bool = False, pretrain_steps: int = 0) -> Path:
     """Write a model folder that ``from_pretrained`` loads offline, as it would a Hub checkpoint:
-    a freshly initialised model of any kit ``shape`` of :data:`MODEL_SHAPES`, GPT-2 or Llama/Qwen-style
-    (config.json + safetensors weights, the vocabulary resized to the tokenizer's) and the
-    :func:`offline_tokenizer`. Notebooks point ``MODEL_NAME`` at it when the Hub cannot be reached;
-    tests use it to exercise the Hub path without a network. Returns the folder."""
+    a model of any kit ``shape`` of :data:`MODEL_SHAPES`, GPT-2 or Llama/Qwen-style
+    (config.json + safetensors weights) and the :func:`offline_tokenizer`. Notebooks point
+    ``MODEL_NAME`` at it when the Hub cannot be reached; tests use it to exercise the Hub path
+    without a network. Returns the folder.
+
+    The vocabulary is resized to the tokenizer's, unless ``keep_vocab`` keeps the shape's own (the
+    tokenizer's ids are a subset): then the embedding and head cost what the checkpoint's do.
+    ``pretrain_steps`` > 0 first trains the model that many AdamW steps on the offline corpus, so
+    the folder stands in for a pretrained checkpoint (its loss starts well below ln(vocabulary))."""
     folder = Path(folder)
     tokenizer = offline_tokenizer(seed=seed)
-    model = build_model(model_config(shape, vocab_size=len(tokenizer)), seed=seed)
+    vocab = None if keep_vocab else len(tokenizer)
+    model = build_model(model_config(shape, vocab_size=vocab), seed=seed)
     model.config.bos_token_id = model.config.eos_token_id = model.config.pad_token_id = tokenizer.eos_token_id
+    if pretrain_steps:
+        pretrain(model, tokenizer, pretrain_steps, seed=seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def pretrain(model, tokenizer, steps: int, block: int = 64, micro_batch: int = 8, lr: float = 3e-3,
+             seed: int = 0) -> list[float]:
+    """A few plain-PyTorch AdamW steps on the offline corpus (fp32, on the CPU): the kit's stand-in
+    for pretraining, for the small shapes of smoke mode. Returns the losses."""
+    import torch
+
+    from helpers import data
+
+    text = data.offline_corpus(200_000, seed=seed + 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for ids in data.batches(text, tokenizer, block, micro_batch, steps, seed=seed):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    model.eval()
+    return losses
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -240,20 +275,62 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0) -> tuple[str, str]:
+def write_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike) -> Path:
+    """Lay a saved model folder out as the Hugging Face cache does (``models--ORG--NAME/refs/main``
+    and ``snapshots/REVISION/``), so that ``from_pretrained(repo_id)`` finds it with no network
+    (``HF_HUB_CACHE=cache_dir``, ``HF_HUB_OFFLINE=1``): how the kit tests the Hub-name path
+    offline, and a way to carry a downloaded checkpoint to a machine without network."""
+    import shutil
+
+    revision = "0" * 40
+    repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    for item in Path(folder).iterdir():
+        if item.is_file():
+            shutil.copy2(item, snapshot / item.name)
+    return snapshot
+
+
+def hub_cached(name: str) -> bool:
+    """True when the Hugging Face cache (HF_HUB_CACHE) already holds ``name``'s config.json: then
+    ``from_pretrained(name)`` loads it with no network, HF_HUB_OFFLINE=1 included."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:  # HF_HUB_CACHE as set now (huggingface_hub reads it once, at import)
+        found = try_to_load_from_cache(name, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+    except Exception:  # not a valid repo id (a relative path that does not exist, say)
+        return False
+    return isinstance(found, str)
+
+
+def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0,
+                  keep_vocab: bool = False, pretrain_steps: int = 0) -> tuple[str, str]:
     """(what ``from_pretrained`` should load, a one-line note saying why).
 
-    A local folder is used as given; a Hub name only when the Hub answers; otherwise (no name, or
+    A local folder is used as given (an absolute path with no folder is refused); a Hub name when
+    this machine's Hugging Face cache holds it or the Hub answers; otherwise (no name, or
     no network: CI and the GPU machine have none) a model folder written here by
-    :func:`helpers.models.save_offline_model`, which loads exactly as a Hub checkpoint would.
+    :func:`helpers.models.save_offline_model` (``keep_vocab`` and ``pretrain_steps`` passed on),
+    which loads exactly as a Hub checkpoint would.
     """
     if name and Path(name).is_dir():
         return str(name), f"model: the local folder {name}"
+    if name and Path(name).is_absolute():
+        raise FileNotFoundError(f"MODEL_NAME {name!r} is an absolute path with no folder there: "
+                                "point it at a saved model folder, or give a Hub name")
+    if name and hub_cached(name):
+        return str(name), f"model: {name} from this machine's Hugging Face cache"
     if name and hub_reachable():
         return str(name), f"model: {name} from the Hugging Face Hub"
     folder = Path(work_dir) / f"offline-{shape}"
     if not (folder / "config.json").is_file():
-        save_offline_model(folder, shape, seed=seed)
+        save_offline_model(folder, shape, seed=seed, keep_vocab=keep_vocab, pretrain_steps=pretrain_steps)
     why = (f"{name!r} is not a folder and the Hub cannot be reached" if name
            else "no MODEL_NAME was set")
-    return str(folder), f"model: an offline {shape_family(shape)}-shaped model ({shape}) written to {folder} ({why})"
+    weights = (f"pretrained here for {pretrain_steps} steps on the kit's corpus" if pretrain_steps
+               else "freshly initialised")
+    return str(folder), (f"model: an offline {shape_family(shape)}-shaped model ({shape}) written to "
+                         f"{folder}, {weights} ({why})")

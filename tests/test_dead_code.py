@@ -21,6 +21,7 @@ USED_ELSEWHERE = [
     "skip_special_tokens",  # the HF tokenizer interface ByteTokenizer.decode follows
     "description_width",  # ipywidgets style attribute
     "LAYERS",  # helpers/__init__.py: read by tests/test_layers.py
+    "write_hub_cache",  # helpers.models: the Hub-name path offline (tests/test_lesson_scripts.py)
 ]
 
 

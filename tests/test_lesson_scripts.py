@@ -46,10 +46,12 @@ from helpers import claims
 from tools import nbtool
 
 #: Notebooks whose lesson cells form a script (issue 15): both must have lesson cells.
-LESSON_NOTEBOOKS = ("04_zero2_training", "07_engine_and_accelerate")
+LESSON_NOTEBOOKS = ("04_zero2_training", "06_biggest_model_on_a_t4", "07_engine_and_accelerate")
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
 ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate"}
 #: Names a parameters cell may define that the test points into its temporary folder.
+#: The Hub name the scripts load, from a Hub-layout cache written by the test (HF_HUB_OFFLINE=1).
+HUB_NAME = "zero-kit-offline/tiny-gpt2"
 _LOSSES = re.compile(r"\blosses?:\s*\[([^\]]*)\]\s*$")
 _DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -157,11 +159,14 @@ def test_lesson_cells_import_no_kit_module(path):
 def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_path):
     from helpers import data, models
 
+    # The Hub-name path, offline: the model is laid out as the Hub's cache and named as on the Hub.
     model = models.save_offline_model(tmp_path / "model", "tiny")
+    models.write_hub_cache(model, HUB_NAME, tmp_path / "hub")
     text = data.write_offline_text(tmp_path / "train.txt", 60_000)
     work = tmp_path / "work"
     work.mkdir()
-    injected = {"MODEL_NAME": str(model), "TEXT_FILE": str(text), "WORK_DIR": str(work), "OUT_DIR": str(work / "out")}
+    injected = {"MODEL_NAME": HUB_NAME, "TEXT_FILE": str(text), "WORK_DIR": str(work),
+                "OUT_DIR": str(work / "out")}
     if stage is not None:
         injected["STAGE"] = stage
     script = tmp_path / f"{path.stem}_lesson.py"
@@ -169,7 +174,8 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
 
     env = {k: v for k, v in os.environ.items() if k not in _DIST}
     env["PYTHONPATH"] = without_repo(os.environ.get("PYTHONPATH", ""))
-    env.update(KIT_SMOKE="1", HF_HUB_OFFLINE="1", TQDM_DISABLE="1", MPLBACKEND="agg")
+    env.update(KIT_SMOKE="1", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), TQDM_DISABLE="1",
+               MPLBACKEND="agg")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     tail = (done.stdout + done.stderr)[-4000:]

@@ -16,6 +16,7 @@ PUBLISHED = {
     "smollm2-135m-shaped": 134.5e6,  # HuggingFaceTB/SmolLM2-135M
     "smollm2-360m-shaped": 361.8e6,  # HuggingFaceTB/SmolLM2-360M
     "qwen2.5-0.5b-shaped": 494.0e6,  # Qwen/Qwen2.5-0.5B ("0.49B")
+    "qwen2.5-1.5b-shaped": 1.544e9,  # Qwen/Qwen2.5-1.5B ("1.54B")
     "llama-3.2-1b-shaped": 1.236e9,  # meta-llama/Llama-3.2-1B ("1.23B")
     "llama-3.2-3b-shaped": 3.213e9,  # meta-llama/Llama-3.2-3B ("3.21B")
     "tinyllama-1.1b-shaped": 1.100e9,  # TinyLlama/TinyLlama-1.1B
@@ -26,6 +27,7 @@ REAL_NUMBERS = {
     "smollm2-135m-shaped": (30, 576, 9, 3, 1536, 49152, True, 1e5),
     "smollm2-360m-shaped": (32, 960, 15, 5, 2560, 49152, True, 1e5),
     "qwen2.5-0.5b-shaped": (24, 896, 14, 2, 4864, 151936, True, 1e6),
+    "qwen2.5-1.5b-shaped": (28, 1536, 12, 2, 8960, 151936, True, 1e6),
     "llama-3.2-1b-shaped": (16, 2048, 32, 8, 8192, 128256, True, 5e5),
     "llama-3.2-3b-shaped": (28, 3072, 24, 8, 8192, 128256, True, 5e5),
     "tinyllama-1.1b-shaped": (22, 2048, 32, 4, 5632, 32000, False, 1e4),
@@ -205,3 +207,58 @@ def test_bench_trains_llama_tiny_at_stage_3_on_the_cpu():
     assert result.n_params == memory.ModelInfo.for_shape("llama-tiny").n_params
     assert abs(result.losses[0] - math.log(1024)) < 0.3, result.losses
     assert claims.loss_falls(result.losses), result.losses
+
+
+def test_a_hub_name_in_the_local_cache_loads_offline_and_a_missing_absolute_path_is_refused(
+        tmp_path, monkeypatch):
+    """The Hub-name path without a network: a cache laid out as the Hub's, HF_HUB_OFFLINE=1."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved = models.save_offline_model(tmp_path / "saved", "tiny")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert not models.hub_cached("zero-kit-offline/tiny-gpt2")
+    name, note = models.resolve_model("zero-kit-offline/tiny-gpt2", tmp_path / "work", "tiny")
+    assert name != "zero-kit-offline/tiny-gpt2" and "cannot be reached" in note  # not cached yet
+    models.write_hub_cache(saved, "zero-kit-offline/tiny-gpt2", tmp_path / "hub")
+    name, note = models.resolve_model("zero-kit-offline/tiny-gpt2", tmp_path / "work", "tiny")
+    assert name == "zero-kit-offline/tiny-gpt2" and "cache" in note
+    # this process imported huggingface_hub before HF_HUB_CACHE was set: name the cache here
+    model = AutoModelForCausalLM.from_pretrained(name, cache_dir=tmp_path / "hub")
+    tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=tmp_path / "hub")
+    assert model.config.vocab_size == len(tokenizer) and model.num_parameters() > 0
+    with pytest.raises(FileNotFoundError, match="absolute path with no folder"):
+        models.resolve_model(str(tmp_path / "nowhere"), tmp_path / "work", "tiny")
+
+
+def test_a_pretrained_stand_in_starts_below_ln_vocab_and_keeps_the_real_vocabulary(tmp_path):
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from helpers import data
+
+    folder = models.save_offline_model(tmp_path / "pre", "llama-tiny", pretrain_steps=60)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = models.offline_tokenizer()
+    ids = data.batches(data.offline_corpus(20_000, seed=5), tokenizer, 64, 4, 1)[0]
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss.item()
+    assert loss < math.log(model.config.vocab_size) - 1.0, loss
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def build(config, seed=0):
+        seen.append(config.vocab_size)
+        raise Built  # the vocabulary is all this test needs; a 0.5B model is not built
+
+    for keep in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(models, "build_model", build)
+            with pytest.raises(Built):
+                models.save_offline_model(tmp_path / f"q{keep}", "qwen2.5-0.5b-shaped", keep_vocab=keep)
+    # the checkpoint's own vocabulary, or the offline tokenizer's
+    assert seen == [151936, len(models.offline_tokenizer())]
