@@ -3,8 +3,8 @@ train it with ZeRO-Infinity's offload, evaluate, save and reload; this module on
 them (host RAM of the kernel, GPU memory, time), reads fp16 overflow, and holds the checks.
 
 The fine-tune runs in the notebook's kernel, as it will in the learner's own notebook, so its host
-RAM is the kernel's: the kernel's high-water mark (``getrusage``) covers loading the weights,
-``deepspeed.initialize`` and every step.
+RAM is the kernel's: sampled from before the weights load, through ``deepspeed.initialize`` and
+every step, with the kernel's high-water mark (``getrusage``) read at the end where it rose.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Watch:
         """The run as measured; ``losses`` and ``step_seconds`` come from the learner's loop."""
         import torch
 
-        phases = self._trace.stop()
-        peak = max([rss_trace.high_water_bytes()] + [p["peak_bytes"] for p in phases])
+        phases = self._trace.stop()  # its peak takes the kernel's high-water mark where it rose
+        peak = max(p["peak_bytes"] for p in phases)
         gpu = torch.cuda.max_memory_allocated() if self._cuda else None
         return FinetuneRun(list(losses), list(step_seconds), int(skipped_steps), tokens_per_step,
                            wall_s, peak, gpu, phases)

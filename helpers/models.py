@@ -306,6 +306,23 @@ def hub_cached(name: str) -> bool:
     return isinstance(found, str)
 
 
+def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
+                          pretrain_steps: int) -> None:
+    """save_offline_model in a fresh process: a 1.5B stand-in takes 6 GB of RAM to build, which
+    would otherwise stay in the notebook kernel's high-water mark (the fine-tune's host RAM)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from helpers import models; models.save_offline_model(sys.argv[1], sys.argv[2], "
+            "int(sys.argv[3]), sys.argv[4] == '1', int(sys.argv[5]))")
+    done = subprocess.run([sys.executable, "-c", code, str(folder), shape, str(seed),
+                           "1" if keep_vocab else "0", str(pretrain_steps)], capture_output=True,
+                          text=True, cwd=str(Path(__file__).resolve().parent.parent))
+    if done.returncode != 0:
+        raise RuntimeError(f"could not write the offline model {shape} to {folder}: "
+                           + (done.stderr.strip().splitlines() or ["no output"])[-1])
+
+
 def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0,
                   keep_vocab: bool = False, pretrain_steps: int = 0) -> tuple[str, str]:
     """(what ``from_pretrained`` should load, a one-line note saying why).
@@ -327,7 +344,7 @@ def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, see
         return str(name), f"model: {name} from the Hugging Face Hub"
     folder = Path(work_dir) / f"offline-{shape}"
     if not (folder / "config.json").is_file():
-        save_offline_model(folder, shape, seed=seed, keep_vocab=keep_vocab, pretrain_steps=pretrain_steps)
+        _save_in_a_subprocess(folder, shape, seed, keep_vocab, pretrain_steps)
     why = (f"{name!r} is not a folder and the Hub cannot be reached" if name
            else "no MODEL_NAME was set")
     weights = (f"pretrained here for {pretrain_steps} steps on the kit's corpus" if pretrain_steps

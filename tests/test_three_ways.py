@@ -234,7 +234,7 @@ def test_resolve_model_prefers_a_folder_then_the_hub_then_offline(tmp_path, monk
     from helpers import models
 
     written = []
-    monkeypatch.setattr(models, "save_offline_model", lambda folder, shape, **kw: written.append(folder))
+    monkeypatch.setattr(models, "_save_in_a_subprocess", lambda folder, shape, *a: written.append(folder))
     monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
     name, note = models.resolve_model(None, tmp_path, "tiny")
     assert name == str(tmp_path / "offline-tiny") and written and "no MODEL_NAME" in note

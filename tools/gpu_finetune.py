@@ -1,0 +1,65 @@
+"""Notebook 06's fine-tune alone: its cells up to the ladder, run headless as the notebook runs them
+(the same kernel, the same cells), for a GPU run that the whole ladder would outlast.
+
+    KIT_EMULATE=t4 python tools/gpu_finetune.py [--out build/finetune]
+
+Writes the executed part as ``OUT/06_finetune.ipynb`` and prints each code cell's output; exits 1 if
+a cell failed. The part ends at the markdown cell that opens the ladder ("How far it climbs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tools import run_tutorial  # noqa: E402
+
+NOTEBOOK = ROOT / "notebooks" / "06_biggest_model_on_a_t4.ipynb"
+LADDER_HEADING = "## How far it climbs"
+
+
+def finetune_part(path: Path = NOTEBOOK):
+    """The notebook's cells before the ladder's heading, as a notebook of its own."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    end = next(i for i, c in enumerate(nb.cells) if c.source.startswith(LADDER_HEADING))
+    nb.cells = nb.cells[:end]
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    import nbformat
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "build" / "finetune"))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    part = out / "src" / "06_finetune.ipynb"
+    part.parent.mkdir(exist_ok=True)
+    nbformat.write(finetune_part(), part)
+    # run in notebooks/ as the notebook itself would be
+    staged = NOTEBOOK.parent / ".06_finetune_part.ipynb"
+    staged.write_text(part.read_text())
+    try:
+        ok, seconds, error = run_tutorial.run_one(staged, out, timeout=3600)
+    finally:
+        staged.unlink(missing_ok=True)
+    executed = nbformat.read(out / staged.name, as_version=4)
+    for i, cell in enumerate(executed.cells):
+        if cell.cell_type == "code":
+            text = "".join(o.get("text", "") if o.get("name") == "stdout"
+                           else o.get("data", {}).get("text/plain", "") + "\n" for o in cell.outputs
+                           if o.get("name") == "stdout" or o.get("output_type") in
+                           ("execute_result", "display_data"))
+            print(f"--- cell {i}\n{text.rstrip()}")
+    print(f"fine-tune part: {'passed' if ok else 'FAILED: ' + error} in {seconds:.1f} s", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
