@@ -1,7 +1,7 @@
 """Notebook 06's fine-tune alone: its cells up to the ladder, run headless as the notebook runs them
 (the same kernel, the same cells), for a GPU run that the whole ladder would outlast.
 
-    KIT_EMULATE=t4 python tools/gpu_finetune.py [--out build/finetune]
+    KIT_EMULATE=t4 python tools/gpu_finetune.py [--out build/finetune] [--set NAME=VALUE ...]
 
 Writes the executed part as ``OUT/06_finetune.ipynb`` and prints each code cell's output; exits 1 if
 a cell failed. The part ends at the markdown cell that opens the ladder ("How far it climbs").
@@ -21,13 +21,26 @@ NOTEBOOK = ROOT / "notebooks" / "06_biggest_model_on_a_t4.ipynb"
 LADDER_HEADING = "## How far it climbs"
 
 
-def finetune_part(path: Path = NOTEBOOK):
-    """The notebook's cells before the ladder's heading, as a notebook of its own."""
+def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
+    """The notebook's cells before the ladder's heading, as a notebook of its own; ``overrides``
+    ("NAME=VALUE", VALUE a Python literal) are assigned in a cell after the parameters cell, as
+    papermill injects parameters."""
+    import ast
+
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     end = next(i for i, c in enumerate(nb.cells) if c.source.startswith(LADDER_HEADING))
-    nb.cells = nb.cells[:end]
+    cells = nb.cells[:end]
+    if overrides:
+        lines = []
+        for item in overrides:
+            name, _, value = item.partition("=")
+            lines.append(f"{name.strip()} = {ast.literal_eval(value.strip())!r}")
+        at = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+        cells.insert(at + 1, nbformat.v4.new_code_cell("# injected by tools/gpu_finetune.py\n"
+                                                       + "\n".join(lines)))
+    nb.cells = cells
     return nb
 
 
@@ -36,12 +49,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "build" / "finetune"))
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter to override, e.g. --set OFFLOAD_PARAMS=False")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     part = out / "src" / "06_finetune.ipynb"
     part.parent.mkdir(exist_ok=True)
-    nbformat.write(finetune_part(), part)
+    nbformat.write(finetune_part(overrides=args.set), part)
     # run in notebooks/ as the notebook itself would be
     staged = NOTEBOOK.parent / ".06_finetune_part.ipynb"
     staged.write_text(part.read_text())

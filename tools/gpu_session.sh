@@ -18,7 +18,7 @@ start)
   for job in "${@:2}"; do
     case $job in
       finetune) KIT_OFFLOAD_DIR=/tmp/kit_nvme_ft setsid nohup bash -c \
-        "/usr/bin/time -v python3 tools/gpu_finetune.py --out $W/ft; echo rc=\$? > $W/finetune.done" \
+        "/usr/bin/time -v python3 tools/gpu_finetune.py --out $W/ft ${KIT_FT_ARGS:-}; echo rc=\$? > $W/finetune.done" \
         > $W/job_finetune.log 2>&1 < /dev/null & ;;
       nbval-a) setsid nohup bash -c "python3 -m pytest -q -p no:cacheprovider --durations=0 \
         notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
