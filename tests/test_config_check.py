@@ -680,8 +680,8 @@ def test_deepspeeds_adam_refuses_the_amsgrad_variant_unless_torch_adam_builds_it
     assert [str(p) for p in engine_check(adam(amsgrad=True, torch_adam=True))] == []
 
 
-@pytest.mark.parametrize("betas, ok", [([0.9, 0.999], True), ([0.9], False),
-                                       ([0.9, 0.99, 0.9], False), (0.9, False), (["a", 0.9], False)])
+@pytest.mark.parametrize("betas, ok", [([0.9, 0.999], True), ([0.9], False), (0.9, False),
+                                       ([0.9, 0.99, 0.9], False), (["a", 0.9], False)])
 def test_betas_must_be_a_pair_for_deepspeeds_optimizers(betas, ok):
     assert bool(errors_at(engine_check(adam(betas=betas)), "optimizer.params.betas")) != ok
 
@@ -727,3 +727,64 @@ def test_the_stage_is_compared_as_deepspeed_reads_it_a_number(stage, refused):
     cfg["zero_optimization"]["stage"] = stage
     hit = errors_at(engine_check(cfg), "zero_optimization.offload_param.device")
     assert bool(hit) == refused
+
+
+_ENGINE_VERDICTS = r'''
+import json, os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", LOCAL_RANK="0",
+                  WORLD_SIZE="1")
+import torch, deepspeed
+out = []
+for cfg in json.loads(open(sys.argv[1]).read()):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    try:
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        for _ in range(2):
+            engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+            engine.step()
+        out.append(None)
+    except Exception as err:
+        out.append(f"{type(err).__name__}: {err}")
+print("VERDICTS " + json.dumps(out))
+'''
+
+
+def test_the_misses_and_false_alarms_agree_with_deepspeed_itself(tmp_path):
+    """Each case run by DeepSpeed on its CPU accelerator (initialize, two steps), in one fresh
+    process: check() has an error exactly where DeepSpeed refuses."""
+    import socket
+    import subprocess
+    import sys
+
+    ground = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+
+    def case(stage, optimizer, **top):
+        return {**ground, "zero_optimization": {"stage": stage}, "optimizer": optimizer, **top}
+
+    cases = [  # (config, DeepSpeed refuses it)
+        (case(2, {"type": "SGD", "params": {"lr": 0.1}}), True),
+        (case(2, {"type": "SGD", "params": {"lr": 0.1}}, zero_allow_untested_optimizer=True), False),
+        (case(2, {"type": "AdamW", "params": {"lr": 0.1, "foo": 1}}), True),
+        (case(2, {"type": "AdamW", "params": {"lr": 0.1, "amsgrad": True}}), True),
+        (case(0, {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9]}}), True),
+        (case(0, {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9, 0.99]}}), False),
+        (case(1, {"type": "Adam", "params": {"lr": 0.1, "torch_adam": True}},
+              steps_per_print=float("inf"), _comment="x", sequence_parallel={"enabled": True}),
+         False),
+    ]
+    cases[-1][0]["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
+    (tmp_path / "configs.json").write_text(json.dumps([c for c, _ in cases]))
+    (tmp_path / "run.py").write_text(_ENGINE_VERDICTS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "configs.json"),
+                           str(port)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    line = [x for x in done.stdout.splitlines() if x.startswith("VERDICTS ")]
+    assert line, done.stderr[-3000:]
+    verdicts = json.loads(line[0].removeprefix("VERDICTS "))
+    for (cfg, refused), verdict in zip(cases, verdicts):
+        assert (verdict is not None) == refused, (cfg, verdict)
+        errors = [str(p) for p in config.check(cfg, for_trainer=False) if p.level == "error"]
+        assert bool(errors) == refused, (cfg, verdict, errors)
