@@ -764,7 +764,8 @@ def test_the_misses_and_false_alarms_agree_with_deepspeed_itself(tmp_path):
 
     cases = [  # (config, DeepSpeed refuses it)
         (case(2, {"type": "SGD", "params": {"lr": 0.1}}), True),
-        (case(2, {"type": "SGD", "params": {"lr": 0.1}}, zero_allow_untested_optimizer=True), False),
+        (case(2, {"type": "SGD", "params": {"lr": 0.1}}, zero_allow_untested_optimizer=True),
+         False),
         (case(2, {"type": "AdamW", "params": {"lr": 0.1, "foo": 1}}), True),
         (case(2, {"type": "AdamW", "params": {"lr": 0.1, "amsgrad": True}}), True),
         (case(0, {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9]}}), True),
