@@ -163,6 +163,18 @@ PUBLISHED = {
                    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
                    "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192,
                    "tie_word_embeddings": True, "torch_dtype": "float32"},
+    "phi-3-mini": {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                   "vocab_size": 32064, "max_position_embeddings": 4096, "pad_token_id": 32000,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "vocab_size": 32000, "max_position_embeddings": 32768,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "vocab_size": 152064, "max_position_embeddings": 131072,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
     "t5-small": {"model_type": "t5", "d_model": 512, "d_ff": 2048, "num_layers": 6,
                  "num_heads": 8, "vocab_size": 32128, "is_encoder_decoder": True},
     "bert-base": {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12,
@@ -195,6 +207,9 @@ COUNTED = {
     "falcon-7b": (6_921_720_704, 1, 64, False, False),  # multi-query: one k/v head, not 71
     "mixtral-8x7b": (46_702_792_704, 8, 128, True, True),
     "gemma-2-2b": (2_614_341_888, 4, 256, True, True),
+    "phi-3-mini": (3_821_079_552, 32, 96, True, True),   # fused gate_up_proj: still gated
+    "mistral-7b": (7_241_732_096, 8, 128, True, True),
+    "qwen2.5-7b": (7_615_616_512, 4, 128, True, True),
 }
 
 
