@@ -290,7 +290,8 @@ def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
         ("fp16 and bf16 both on", variant(lambda c: c.update(fp16={"enabled": True}, bf16={"enabled": True})),
          "bf16.enabled", {}),
         ("NVMe offload without a path", variant(lambda c: c["zero_optimization"].update(
-            offload_optimizer={"device": "nvme"})), "zero_optimization.offload_optimizer.nvme_path", {}),
+            stage=3, offload_optimizer={"device": "nvme"})),  # below stage 3 it runs on the CPU
+         "zero_optimization.offload_optimizer.nvme_path", {}),
         ("NVMe buffers smaller than GPT-2 XL's largest tensor", variant(lambda c: c["zero_optimization"].update(
             stage=3, offload_param={"device": "nvme", "nvme_path": str(kit_env.default_offload_dir()),
                                     "buffer_size": 10_000_000, "buffer_count": 5})),

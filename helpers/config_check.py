@@ -330,10 +330,13 @@ class _Rule:
     level: str = "error"
     fails: str = ""
     parse: bool = False
+    infinite: bool = False    # float("inf") allowed too (the number never reached)
 
     def allows(self, value) -> bool:
         if value is None:
             return self.null
+        if self.infinite and isinstance(value, float) and value == math.inf:
+            return True
         if self.kind == "bool":
             return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
         if self.kind in ("int", "number"):
@@ -353,6 +356,7 @@ class _Rule:
         if self.kind in ("int", "number"):
             bound = f" {'>' if self.above else '>='} {self.low:g}" if self.low is not None else ""
             text = ("a whole number" if self.kind == "int" else "a number") + bound
+            text += " (or infinity)" if self.infinite else ""
         elif self.kind == "choice":
             text = "one of: " + ", ".join(self.choices)
         elif self.kind == "names":
@@ -388,8 +392,9 @@ def _rules() -> dict[str, _Rule]:
     pipe_bool = _Rule("bool", level="warning", fails="with a PipelineModule, PipelineEngine asserts it is a bool")
     return {
         "train_batch_size": batch, "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": batch,
-        "steps_per_print": _Rule("int", 1, null=True, fails="the engine computes global_steps % steps_per_print "
-                                                            "after every step (0 divides by zero)"),
+        "steps_per_print": _Rule("int", 1, null=True, infinite=True,  # Accelerate's: never print
+                                 fails="the engine computes global_steps % steps_per_print after "
+                                       "every step (0 divides by zero)"),
         "gradient_clipping": _Rule("number", 0, fails="the engine compares it with 0.0 at every step; below 0, ZeRO "
                                                       "1-3 skip clipping but SuperOffload clips to a negative norm"),
         "gradient_predivide_factor": _Rule("number", 0, above=True, fails="the gradient all-reduce multiplies by "
@@ -540,10 +545,16 @@ def _value_of(obj, key: str):
     return _ABSENT
 
 
+def _closest(key: str, allowed) -> str | None:
+    """The allowed key ``key`` is most likely a typo of, or None."""
+    guess = difflib.get_close_matches(key, sorted(a for a in allowed if a != key), n=1, cutoff=0.75)
+    return guess[0] if guess else None
+
+
 def _suggest(key: str, allowed) -> str:
     """ "did you mean 'fp16'?" for a likely typo of an allowed key, else "". """
-    guess = difflib.get_close_matches(key, sorted(a for a in allowed if a != key), n=1, cutoff=0.75)
-    return f"did you mean '{guess[0]}'?" if guess else ""
+    guess = _closest(key, allowed)
+    return f"did you mean '{guess}'?" if guess else ""
 
 
 def known_keys() -> dict[str, set[str]]:
@@ -586,13 +597,72 @@ def _own_auto(path: str) -> bool:
     return info is not None and info.default == "auto"
 
 
-def _auto_problems(autos: list[str], for_trainer: bool) -> list[Problem]:
-    if not autos or for_trainer:
-        return []
-    return [Problem("error", autos[0], f"'auto' in {len(autos)} place(s) ({', '.join(autos[:4])}): only "
-                    "the Hugging Face Trainer fills 'auto' in.",
-                    "Use numbers for deepspeed.initialize (helpers.config.build(trainer=False)), "
-                    "or pass the config to TrainingArguments(deepspeed=...).")]
+#: Where the Hugging Face Trainer (transformers' HfTrainerDeepSpeedConfig) or Accelerate's
+#: DeepSpeedPlugin and ``Accelerator.prepare`` put a value in place of "auto". Any other "auto"
+#: stays in the config DeepSpeed gets.
+FILLED_AUTOS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "gradient_clipping", "fp16.enabled", "bf16.enabled",
+    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
+    "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr",
+    "scheduler.params.warmup_num_steps", "scheduler.params.total_num_steps",
+    "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold", "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
+    "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+})
+#: A key the Trainer fills only under its other spelling.
+_FILLED_SPELLING = {
+    "zero_optimization.prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "zero_optimization.param_persistence_threshold": "stage3_param_persistence_threshold",
+}
+
+
+def _split_autos(placeholders: list[str], for_trainer: bool) -> tuple[list[str], list[str]]:
+    """(placeholders someone fills in, "auto" values DeepSpeed's models drop for their defaults).
+
+    DeepSpeed's config models drop every "auto" before validating (config_utils.py,
+    DeepSpeedConfigModel): in a section a model validates, an "auto" nobody fills becomes
+    DeepSpeed's default. For the Trainer (and Accelerate) the paths of :data:`FILLED_AUTOS` are
+    filled first."""
+    dropped = [a for a in placeholders
+               if _field(a) is not None and not (for_trainer and a in FILLED_AUTOS)]
+    return [a for a in placeholders if a not in dropped], dropped
+
+
+def _shown_default(path: str) -> str:
+    """The default DeepSpeed's model uses at ``path``, as a message shows it (50,000,000)."""
+    default = _field(path).get_default(call_default_factory=True)
+    if isinstance(default, int) and not isinstance(default, bool):
+        return f"{default:,}"
+    return json.dumps(getattr(default, "value", default), default=str)
+
+
+def _auto_problems(autos: list[str], dropped: list[str], for_trainer: bool) -> list[Problem]:
+    """Errors for "auto" that reaches DeepSpeed as a string; warnings for "auto" that DeepSpeed
+    drops, naming the default it uses instead."""
+    out = []
+    who = ("the Trainer and Accelerate fill only the keys they know, not this one" if for_trainer
+           else "nothing fills it for deepspeed.initialize")
+    for path in dropped:
+        other = _FILLED_SPELLING.get(path) if for_trainer else None
+        fix = (f"Spell it '{other}' (the key the Trainer fills), or write the value you want."
+               if other else "Write the value you want, or remove the key to keep the default.")
+        out.append(Problem("warning", path, f"'auto' here stays 'auto' ({who}): DeepSpeed drops it "
+                           f"and uses its default, {_shown_default(path)}.", fix))
+    if autos and not for_trainer:
+        return [Problem("error", autos[0], f"'auto' in {len(autos)} place(s) "
+                        f"({', '.join(autos[:4])}): only the Hugging Face Trainer fills 'auto' in.",
+                        "Use numbers for deepspeed.initialize "
+                        "(helpers.config.build(trainer=False)), or pass the config to "
+                        "TrainingArguments(deepspeed=...).")] + out
+    for path in [a for a in autos if a not in FILLED_AUTOS]:
+        out.append(Problem("error", path, "neither the Trainer nor Accelerate fills 'auto' here: "
+                           "DeepSpeed gets the string 'auto' where it needs a value.",
+                           "Write the value you want."))
+    return out
 
 
 # ---- keys DeepSpeed does not read --------------------------------------------------------------------------------
@@ -606,7 +676,7 @@ def _key_problems(config: dict) -> list[Problem]:
         if key in schema.removed:
             out.append(Problem("error", key, f"DeepSpeed refuses '{key}': {schema.removed[key]}", f"Remove '{key}'."))
         elif key not in known[""]:
-            out.append(_unknown(key, key, known[""], top=True))
+            out.append(_unknown(key, key, known[""], top=True, value=value))
         elif key == "zero_optimization" and isinstance(value, bool):
             out.append(Problem("warning", key, "a true/false zero_optimization is DeepSpeed's deprecated format: "
                                "true means stage 1 (read_zero_config_deprecated).",
@@ -631,10 +701,20 @@ def _key_problems(config: dict) -> list[Problem]:
     return out
 
 
-def _unknown(path: str, key: str, allowed, top: bool) -> Problem:
+def _unknown(path: str, key: str, allowed, top: bool, value=None) -> Problem:
     """An unknown key: at the top level an error when it looks like a typo (DeepSpeed would drop the section
-    silently), else a warning, as in sections DeepSpeed reads key by key (it ignores what it does not look up)."""
-    hint = _suggest(key, allowed)
+    silently), else a warning, as in sections DeepSpeed reads key by key (it ignores what it does not look up).
+
+    No typo: a key starting with "_" (a comment, by JSON habit), or an object where the key it
+    resembles takes a single value (another tool's section, such as ``sequence_parallel`` beside
+    ``sequence_parallel_size``)."""
+    hint, meant = _suggest(key, allowed), _closest(key, allowed)
+    comment = key.startswith("_")
+    if top and meant and (comment or (isinstance(value, dict) and not _is_section(meant))):
+        why = "a leading '_' marks a comment" if comment else f"'{meant}' takes a single value"
+        return Problem("warning", path, f"unknown key '{key}': DeepSpeed ignores it (no typo of "
+                       f"'{meant}': {why}).",
+                       f"Nothing to do if another tool reads it; else remove '{path}'.")
     level = "error" if top and hint else "warning"
     where = "DeepSpeed ignores unknown keys silently" + (": the section you meant is not applied" if hint else "")
     return Problem(level, path, f"unknown key '{key}' ({where}).",
@@ -770,18 +850,29 @@ def _named(message: str, model, node) -> list[str]:
 _BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def _batch_problems(config: dict, for_trainer: bool, world_size: int) -> list[Problem]:
+def _batch_problems(config: dict, for_trainer: bool, world_size: int | None) -> list[Problem]:
     """Run DeepSpeed's batch rules (DeepSpeedConfig._set_batch_related_parameters derives a missing size with
-    whole-number division, then _batch_assertion checks total = micro x accumulation x data-parallel GPUs)."""
+    whole-number division, then _batch_assertion checks total = micro x accumulation x data-parallel GPUs).
+
+    ``world_size`` None: the fewest GPUs the config runs on (1, or sequence_parallel_size)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
+    sp = config.get("sequence_parallel_size", 1)
+    sp = sp if _Rule("int", 1).allows(sp) else 1  # the value rules report a bad one
+    if world_size is None:
+        world_size = sp
+    elif world_size % sp:  # deepspeed.initialize builds a (data x sequence parallel) device mesh
+        return [Problem("error", "sequence_parallel_size", f"{world_size} GPU(s) cannot be split "
+                        f"into groups of sequence_parallel_size {sp}: deepspeed.initialize builds "
+                        "its device mesh from world size / sequence_parallel_size.",
+                        f"Run on a multiple of {sp} GPUs, or set sequence_parallel_size to a "
+                        f"divisor of {world_size}.")]
     given = {k: config.get(k) for k in _BATCH}
     if any(v == "auto" for v in given.values()) or (for_trainer and all(v is None for v in given.values())):
         return []  # the Trainer fills them from TrainingArguments
     if not all(v is None or _Rule("int", 1).allows(v) for v in given.values()):
         return []  # the value rules report these
-    sp = config.get("sequence_parallel_size", 1)
-    dp = world_size / sp if _Rule("int", 1).allows(sp) and sp > 1 else world_size  # as DeepSpeedConfig.__init__
+    dp = world_size // sp  # as DeepSpeedConfig.__init__: world size / sequence_parallel_size
     sizes = SimpleNamespace(**given, world_size=dp)
     try:
         DeepSpeedConfig._set_batch_related_parameters(sizes)
@@ -994,6 +1085,13 @@ def _stage_warnings(zero: dict, stage: int) -> list[Problem]:
         elif stage == 0 and key in keys["zero"] + keys["stage12"] + keys["stage3"]:
             out.append(Problem("warning", path, f"ZeRO is off at stage 0: DeepSpeed ignores {key}.",
                                "Remove it, or set a ZeRO stage that uses it."))
+        elif stage in (1, 2) and key == "offload_optimizer" and isinstance(value, dict) and (
+                value.get("device") == "nvme"):  # stage_1_and_2.py: any device but none is the CPU
+            out.append(Problem("warning", f"{path}.device", f"ZeRO stage {stage} has no NVMe "
+                               "offload: its optimizer treats any offload device as the CPU "
+                               "(stage_1_and_2.py sets cpu_offload), so the optimizer states stay "
+                               "in host RAM and nvme_path is never used.",
+                               'Write "device": "cpu" (what runs), or use stage 3 for NVMe.'))
         elif stage in (1, 2) and key in keys["stage3"]:
             out.append(Problem("warning", path, f"{key} is read only by ZeRO stage 3: ignored at stage {stage}.",
                                'Remove it, or set "stage": 3.'))
@@ -1084,7 +1182,123 @@ def _optimizer_problems(config: dict, autos: list[str]) -> list[Problem]:
            if k in params and f"optimizer.params.{k}" not in autos and not _Rule("number").allows(params[k])]
     if name.lower() not in ours and not out and not any(a.startswith("optimizer.") for a in autos):
         out += _built("optimizer.params", lambda torch, p: getattr(torch.optim, name)([p], **params), params)
+    if name.lower() in ours:
+        out += _deepspeed_optimizer_problems(config, name.lower(), params)
+    return out + _untested_problems(config, name)
+
+
+#: Keys engine.py pops from optimizer.params before it builds an Adam (get_optimizer_configuration).
+_ADAM_POPPED = ("adam_w_mode", "torch_adam", "fp32_optimizer_states")
+
+
+def _cpu_optimizer(config: dict) -> bool:
+    """engine.py zero_use_cpu_optimizer: the optimizer is offloaded (to "cpu" or "nvme")."""
+    zero = config.get("zero_optimization")
+    device = _get(zero, "offload_optimizer.device", "none") if isinstance(zero, dict) else "none"
+    return device in ("cpu", "nvme")
+
+
+def _deepspeed_class(config: dict, name: str, params: dict):
+    """(the class engine.py _configure_basic_optimizer builds for DeepSpeed's optimizer ``name``,
+    the keyword arguments it adds, the parameters it passes on), or None where the kit does not
+    follow it (mup's optimizers, Muon)."""
+    import torch
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam, ZenFlowCPUAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    cpu = _cpu_optimizer(config)
+    if name in ("adam", "adamw"):
+        rest = {k: v for k, v in params.items() if k not in _ADAM_POPPED}
+        w_mode = name == "adamw" or params.get("adam_w_mode", True)
+        if params.get("torch_adam"):
+            rest.pop("foreach", None)
+            return (torch.optim.AdamW if w_mode else torch.optim.Adam), {"foreach": None}, rest
+        if cpu:
+            zenflow = isinstance(_get(config, "zero_optimization.zenflow", None), dict)
+            return (ZenFlowCPUAdam if zenflow else DeepSpeedCPUAdam), {"adamw_mode": w_mode}, rest
+        return FusedAdam, {"adam_w_mode": w_mode}, rest
+    table = {"adagrad": DeepSpeedCPUAdagrad if cpu else torch.optim.Adagrad, "lamb": FusedLamb,
+             "lion": DeepSpeedCPULion if cpu else FusedLion}
+    return (table[name], {}, dict(params)) if name in table else None
+
+
+def _deepspeed_optimizer_problems(config: dict, name: str, params: dict) -> list[Problem]:
+    """Parameters DeepSpeed's own optimizers refuse, found without building them (that compiles
+    their ops): keyword arguments their __init__ does not take, the AMSGrad variant that
+    FusedAdam, DeepSpeedCPUAdam and FusedLamb refuse, betas that are not a pair (they unpack
+    two)."""
+    import inspect
+
+    from deepspeed.ops.adam import ZenFlowCPUAdam
+
+    built = _deepspeed_class(config, name, params)
+    if built is None:
+        return []
+    cls, extra, rest = built
+    target = cls.__mro__[1] if cls is ZenFlowCPUAdam else cls  # it passes **kwargs on
+    signature = inspect.signature(target.__init__)
+    taken = [k for k in signature.parameters if k not in ("self", "params", "model_params")]
+    builds = f"{cls.__name__}, the optimizer DeepSpeed builds for '{name}' here,"
+    out = []
+    for key in rest:
+        path = f"optimizer.params.{key}"
+        if key in extra:
+            out.append(Problem("error", path, f"DeepSpeed passes {key} to {cls.__name__} itself, "
+                               "so it arrives twice: deepspeed.initialize raises TypeError.",
+                               f"Remove '{key}' (DeepSpeed sets it; adam_w_mode is the key it "
+                               "reads)."))
+        elif key not in taken:
+            out.append(Problem("error", path, f"{builds} takes no '{key}': deepspeed.initialize "
+                               "raises TypeError.",
+                               f"Remove '{key}'; it takes {', '.join(taken)}."))
+    if rest.get("amsgrad") and cls.__module__.startswith("deepspeed"):
+        out.append(Problem("error", "optimizer.params.amsgrad", f"{builds} does not support the "
+                           "AMSGrad variant: it raises RuntimeError.",
+                           'Remove "amsgrad", or add "torch_adam": true to use torch\'s Adam.'))
+    betas = rest.get("betas")
+    pair = isinstance(betas, (list, tuple)) and len(betas) == 2
+    if "betas" in rest and not (pair and all(_Rule("number").allows(b) for b in betas)):
+        out.append(Problem("error", "optimizer.params.betas", f"betas {json.dumps(betas)} is not a "
+                           f"pair of numbers: {cls.__name__} unpacks two at its first step and "
+                           "fails.", 'Use "betas": [0.9, 0.999].'))
     return out
+
+
+def _untested_problems(config: dict, name) -> list[Problem]:
+    """ZeRO (stage >= 1) with an optimizer DeepSpeed has not tested with it (engine.py
+    _do_optimizer_sanity_check asserts, unless zero_allow_untested_optimizer is true)."""
+    import torch
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    zero = config.get("zero_optimization")
+    stage = _stage_number(zero.get("stage", 0)) if isinstance(zero, dict) else int(zero is True)
+    allowed = config.get("zero_allow_untested_optimizer") is True
+    if not stage or allowed or not isinstance(name, str):
+        return []
+    if name.lower() in ("muon", "muadam", "muadamw", "musgd"):
+        return []  # Muon joins DeepSpeed's list once imported; mup's are not followed here
+    if name.lower() in _optimizer_names()[0]:
+        built = _deepspeed_class(config, name.lower(), config["optimizer"].get("params") or {})
+        cls = built[0] if built else None
+    else:
+        cls = getattr(torch.optim, name, None)
+    if cls is None or cls in ZERO_SUPPORTED_OPTIMIZERS:
+        return []
+    return [Problem("error", "optimizer.type", f"ZeRO stage {stage} with {cls.__name__} (what "
+                    f"DeepSpeed builds for {json.dumps(name)}), an optimizer DeepSpeed has not "
+                    "tested with ZeRO: deepspeed.initialize asserts.",
+                    'Add "zero_allow_untested_optimizer": true, or use Adam/AdamW.')]
+
+
+def _stage_number(value) -> int | None:
+    """A ZeRO stage as DeepSpeed's model reads it (3, "3", 3.0 -> 3), or None when it is none."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == value or str(number) == str(value).strip() else None
 
 
 def _scheduler_problems(config: dict, autos: list[str]) -> list[Problem]:
@@ -1182,7 +1396,7 @@ def _culprit(root: dict, path: str = "") -> str:
 
 
 def check(config: dict, hardware: kit_env.Environment | None = None, model=None, for_trainer: bool = True,
-          world_size: int = 1) -> list[Problem]:
+          world_size: int | None = None) -> list[Problem]:
     """Every problem in ``config``, errors first: what DeepSpeed would refuse, and what it would ignore.
 
     Errors are what DeepSpeed rejects when it parses the config or at ``deepspeed.initialize`` / the first step:
@@ -1196,13 +1410,15 @@ def check(config: dict, hardware: kit_env.Environment | None = None, model=None,
     "auto" is accepted with ``for_trainer=True`` (the Hugging Face Trainer fills it) and reported otherwise.
     ``hardware`` (an Environment) enables the checks about this machine (bf16 capability, RAM for pinned memory,
     libaio and a writable nvme_path); ``model`` (a ModelInfo from helpers.memory) the NVMe buffer check.
-    ``world_size`` is the number of GPUs (divided by sequence_parallel_size, as DeepSpeed does).
+    ``world_size`` is the number of GPUs (divided by sequence_parallel_size, as DeepSpeed does);
+    None: the fewest the config runs on (one, or sequence_parallel_size GPUs).
     """
     if not isinstance(config, dict):
         return [Problem("error", "(config)", "a DeepSpeed config is a JSON object.", "Write {...} with its keys.")]
-    autos = _autos(config)
-    clean = _without(config, autos)
-    problems = _auto_problems(autos, for_trainer) + _key_problems(clean)
+    placeholders = _autos(config)
+    autos, dropped = _split_autos(placeholders, for_trainer)
+    clean = _without(config, placeholders)
+    problems = _auto_problems(autos, dropped, for_trainer) + _key_problems(clean)
     parsed, found, vague = _model_problems(clean)
     problems += found + _rule_problems(clean, parsed, autos) + _batch_problems(config, for_trainer, world_size)
     problems += _combination_problems(clean, parsed, autos) + _optimizer_problems(clean, autos)
@@ -1229,16 +1445,17 @@ def _machine_problems(config: dict, hardware: kit_env.Environment | None, model)
     form refuses it), NVMe paths and libaio, bf16 support, pinned memory, NVMe buffer sizes."""
     out = []
     zero = config.get("zero_optimization") if isinstance(config.get("zero_optimization"), dict) else {}
-    stage = zero.get("stage", 0)
+    stage = _stage_number(zero.get("stage", 0))  # None: "auto", or a value the model refuses
     param = zero.get("offload_param") if isinstance(zero.get("offload_param"), dict) else {}
-    if param.get("device", "none") not in ("none", "auto") and stage != "auto" and stage != 3:
+    if param.get("device", "none") not in ("none", "auto") and stage is not None and stage != 3:
         out.append(Problem("error", "zero_optimization.offload_param.device",
                            f"parameter offload needs ZeRO stage 3 (this config is stage {stage}): "
                            "DeepSpeed ignores it below 3.",
                            'Set "stage": 3, or offload only the optimizer ("offload_optimizer").'))
     for key in ("offload_optimizer", "offload_param"):
         section = zero.get(key) if isinstance(zero.get(key), dict) else {}
-        if section.get("device") == "nvme":
+        below = stage is not None and stage < 3  # stages 0-2 never swap to NVMe (_stage_warnings)
+        if section.get("device") == "nvme" and not below:
             out += _nvme_problems(key, section, hardware)
     if hardware is not None:
         out += _hardware_problems(config, zero, hardware)

@@ -97,17 +97,20 @@ def layer_activation_bytes(model: "ModelInfo", tokens: int, w: int = HALF) -> in
     attention output and its reshaped copy (2h), the MLP's input to ``gelu_new`` and the four
     tensors its Python formula keeps (tanh, 0.5x, 1 + tanh, output): 5 x intermediate.
     Llama/Qwen: RMSNorm upcasts to fp32 and keeps the fp32 input, the cast-back and its output
-    (twice), q, k and v after rotary (h + 2 kv: grouped-query attention keeps fewer k/v heads),
-    attention output and its copy (2h), SwiGLU's gate, up, SiLU output and product: 4 x
-    intermediate."""
+    (twice), q, k and v after rotary (q + 2 kv, each heads x head_dim wide: grouped-query
+    attention keeps fewer k/v heads), attention output and its copy (2 q), SwiGLU's gate, up, SiLU
+    output and product: 4 x intermediate. Other families as their config and modules say: a
+    LayerNorm keeps its input and output (2h), a plain GELU MLP its input and output (2 x
+    intermediate; Pythia, Falcon)."""
     h, inter = model.hidden, model.intermediate
-    kv = h * model.kv_heads // model.heads
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
     lse = FP32 * model.heads
     if model.family == "gpt2":
         per_token = w * (9 * h + 5 * inter) + lse
     else:
-        norm = (FP32 + 2 * w) * h
-        per_token = 2 * norm + w * (5 * h + 2 * kv) + w * 4 * inter + lse
+        norm = (FP32 + 2 * w) * h if model.rms_norm else 2 * w * h
+        mlp = 4 * inter if model.gated_mlp else 2 * inter
+        per_token = 2 * norm + w * (2 * h + 3 * q + 2 * kv) + w * mlp + lse
     return int(per_token * tokens)
 
 
@@ -123,7 +126,7 @@ def activation_bytes(
     and one layer)."""
     layer = layer_activation_bytes(model, tokens, w)
     logits = tokens * model.vocab * LOGIT_BYTES
-    head = tokens * model.hidden * (2 * w if model.family == "gpt2" else FP32 + 2 * w)
+    head = tokens * model.hidden * (FP32 + 2 * w if model.rms_norm else 2 * w)
     if grad_ckpt:
         inputs = model.n_layer * tokens * model.hidden * w
         return {
@@ -175,8 +178,9 @@ class ModelInfo:
     """What the estimator needs to know about a model; from_config counts on the meta device.
 
     The fields after ``name`` describe Llama/Qwen-style blocks (SwiGLU width, grouped-query KV
-    heads, tied embeddings); their defaults describe a GPT-2 block, so positional construction
-    keeps working.
+    heads, tied embeddings) and what other families differ in (a head width of its own, a plain
+    GELU MLP, LayerNorm); their defaults describe a GPT-2 block (and, past the family, a
+    Llama-style one), so positional construction keeps working.
     """
 
     n_params: int
@@ -192,10 +196,27 @@ class ModelInfo:
     )
     tied: bool = True  # input embedding and output head share one matrix
     family: str = "gpt2"  # the transformers model_type: "gpt2", "llama", "qwen2", ...
+    head_dim: int = 0  # width of one attention head; 0: hidden / heads (Qwen3, Gemma set their own)
+    gated_mlp: bool | None = None  # SwiGLU-style gate and up (None: every family but GPT-2's)
+    rms_norm: bool | None = None  # RMSNorm, not LayerNorm (None: every family but GPT-2's)
+    largest_module_numel: int = 0  # the most parameters one module holds itself; 0: the largest
+    max_positions: int = 0  # the longest sequence the model takes (0: no limit known)
 
     def __post_init__(self):
         self.intermediate = self.intermediate or 4 * self.hidden
         self.kv_heads = self.kv_heads or self.heads
+        self.head_dim = self.head_dim or self.hidden // self.heads
+        llama_like = self.family != "gpt2"
+        self.gated_mlp = llama_like if self.gated_mlp is None else self.gated_mlp
+        self.rms_norm = llama_like if self.rms_norm is None else self.rms_norm
+        self.largest_module_numel = self.largest_module_numel or self.largest_param_numel
+
+    @property
+    def gathered_floor(self) -> int:
+        """Elements ZeRO-3 holds gathered at the least, whatever stage3_max_live_parameters says: a
+        parameter is gathered whole (a fused MoE expert tensor), and so is the output head while
+        the logits are made."""
+        return max(self.largest_param_numel, self.vocab * self.hidden)
 
     @classmethod
     def from_config(cls, config, name: str = "") -> "ModelInfo":
@@ -205,10 +226,14 @@ class ModelInfo:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         sizes = [p.numel() for p in model.parameters()]
+        modules = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()]
+        names = [n for n, _ in model.named_parameters()]
         hidden, heads = config.hidden_size, config.num_attention_heads
+        family = getattr(config, "model_type", "") or "gpt2"
         inner = (
             getattr(config, "intermediate_size", None)
             or getattr(config, "n_inner", None)
+            or getattr(config, "ffn_hidden_size", None)  # Falcon
             or 4 * hidden
         )
         return cls(
@@ -220,9 +245,15 @@ class ModelInfo:
             vocab=config.vocab_size,
             name=name,
             intermediate=inner,
-            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            kv_heads=_kv_heads(config, heads),
             tied=bool(getattr(config, "tie_word_embeddings", True)),
-            family=getattr(config, "model_type", "") or "gpt2",
+            family=family,
+            head_dim=getattr(config, "head_dim", None) or hidden // heads,
+            gated_mlp=any(k in n for n in names for k in ("gate_proj", "gate_up_proj", ".w3.")),
+            rms_norm=any("RMSNorm" in type(m).__name__ for m in model.modules()),
+            largest_module_numel=max(modules),
+            max_positions=(getattr(config, "max_position_embeddings", None)
+                           or getattr(config, "n_positions", None) or 0),
         )
 
     @classmethod
@@ -256,6 +287,15 @@ class ModelInfo:
             50257,
             name,
         )
+
+
+def _kv_heads(config, heads: int) -> int:
+    """Key/value heads as each family's config spells them: ``num_key_value_heads`` (Llama, Qwen),
+    ``num_kv_heads`` (Falcon's new architecture), one for Falcon's older multi-query models."""
+    if getattr(config, "model_type", "") == "falcon" and not config.new_decoder_architecture:
+        return 1 if config.multi_query else heads
+    spelled = getattr(config, "num_key_value_heads", None) or getattr(config, "num_kv_heads", None)
+    return spelled or heads
 
 
 @dataclass
@@ -318,7 +358,8 @@ def _gpu_phases(
                 live,
                 2 * model.largest_param_numel + int(zero.get("stage3_prefetch_bucket_size", 5e7)),
             )
-        resident["gathered params"] = min(p, live) * w
+        # never less than one whole parameter or the head (ModelInfo.gathered_floor)
+        resident["gathered params"] = min(p, max(live, model.gathered_floor)) * w
     acts = activation_bytes(model, micro_batch * seq_len, grad_ckpt, w)
     phases = {
         "start of backward": {**resident, "activations": acts["start of backward"]},

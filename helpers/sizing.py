@@ -7,12 +7,18 @@ weights are downloaded or created.
 
 ``--model`` takes a kit shape (helpers.models.MODEL_SHAPES), a local folder with a config.json
 (a ``save_pretrained`` folder), or a Hub name (its config.json only; offline, one line says so).
+Only decoder-only causal LMs are sized; anything else, a broken config.json, a sequence past the
+model's positions or more ranks on a host than it has GPUs ends in one line, exit status 2.
+``--compare`` adds DeepSpeed's and Accelerate's own estimates beside the kit's.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import config, infinity, matrix, measurements, memory, models, verdict
@@ -33,6 +39,8 @@ class Sized:
     config: dict
     estimate: memory.Estimate
     verdicts: dict[str, verdict.PlaceVerdict]
+    #: what one host needs per place: the GPU's for one rank, host RAM and NVMe for its ranks
+    needs: dict[str, int] = field(default_factory=dict)
 
     @property
     def overall(self) -> str:
@@ -40,18 +48,68 @@ class Sized:
 
 
 def resolve(name: str):
-    """(ModelInfo, transformers config) for a kit shape, a local model folder or a Hub name."""
+    """(ModelInfo, transformers config) for a kit shape, a local model folder or a Hub name; a
+    SizingError (one line: what is wrong, and the fix) for anything that is not a causal LM."""
     if name in models.MODEL_SHAPES:
         hf = models.model_config(name)
         return memory.ModelInfo.from_config(hf, name=name), hf
+    path = Path(name).expanduser()
+    if path.is_dir():
+        hf = _folder_config(path)
+    elif path.exists():
+        raise SizingError("a file, not a folder: give the folder that holds config.json")
+    elif _looks_like_a_path(name):
+        raise SizingError("no such folder: give a folder with config.json (a save_pretrained "
+                          "folder), a kit shape or a Hub name")
+    else:
+        hf = _hub_config(name)
+    refuse_non_causal(hf)
+    try:
+        info = memory.ModelInfo.from_config(hf, name=str(name))
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises building the model
+        raise SizingError(f"transformers cannot build its causal LM ({type(err).__name__}: "
+                          f"{_first_line(err)}): check config.json's architecture fields") from None
+    return info, hf
+
+
+def _first_line(err: Exception, width: int = 120) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:width]
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """True for what can only be a folder (a Hub name is "owner/name"): absolute, ./ ../ ~, or
+    more than one slash."""
+    return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+
+
+def _folder_config(path: Path):
+    """The transformers config in a model folder, its config.json read first so that a broken
+    file is named as such."""
     from transformers import AutoConfig
 
-    path = Path(name)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SizingError("a folder without config.json: give a save_pretrained folder")
-        hf = AutoConfig.from_pretrained(str(path))
-        return memory.ModelInfo.from_config(hf, name=str(name)), hf
+    file = path / "config.json"
+    if not file.is_file():
+        raise SizingError("a folder without config.json: give a save_pretrained folder")
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f"line {err.lineno}, column {err.colno}: {err.msg}" if isinstance(
+            err, json.JSONDecodeError) else "not UTF-8 text"
+        raise SizingError(f"its config.json is not valid JSON ({where}): fix the file, or write "
+                          "it again with save_pretrained") from None
+    if not isinstance(data, dict) or not data.get("model_type"):
+        raise SizingError('its config.json has no "model_type": add the architecture\'s name '
+                          '(e.g. "model_type": "llama"), as save_pretrained writes it')
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise SizingError(f"transformers cannot read its config.json ({_first_line(err)}): check "
+                          f"model_type {data['model_type']!r} and its fields") from None
+
+
+def _hub_config(name: str):
+    from transformers import AutoConfig
+
     if not models.hub_reachable():
         raise SizingError(
             "not a kit shape or a local folder, and the Hugging Face Hub cannot be "
@@ -59,10 +117,47 @@ def resolve(name: str):
             f"folder with config.json"
         )
     try:
-        hf = AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as err:
-        raise SizingError(f"no config.json on the Hub ({str(err).splitlines()[0][:120]})") from None
-    return memory.ModelInfo.from_config(hf, name=name), hf
+        raise SizingError(f"no config.json on the Hub ({_first_line(err)})") from None
+
+
+def refuse_non_causal(hf) -> None:
+    """A SizingError for a model that is not a decoder-only causal LM: an encoder-decoder (T5), an
+    encoder (BERT: transformers builds a causal head for it only with ``is_decoder``), or a
+    model_type with no causal LM in transformers. The kit's estimate is a causal LM's."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = getattr(hf, "model_type", "") or "this model"
+    fix = "the kit sizes decoder-only causal LMs (Llama, Qwen, Mistral, GPT-2, ...)"
+    if getattr(hf, "is_encoder_decoder", False):
+        raise SizingError(f"{kind} is an encoder-decoder model: {fix}; give one of those")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise SizingError(f"{kind} has no causal LM in transformers (AutoModelForCausalLM): {fix}")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(hf, "is_decoder", False):
+        raise SizingError(f"{kind} is an encoder (a masked LM), not a causal LM: {fix}; to size "
+                          'its causal head, set "is_decoder": true in config.json')
+
+
+def seq_len_problem(info: memory.ModelInfo, seq_len: int) -> str | None:
+    """Why ``seq_len`` is past the model's positions (with the fix), or None when it is not."""
+    if info.max_positions and seq_len > info.max_positions:
+        return (f"past the model's {info.max_positions:,} positions (max_position_embeddings in "
+                f"its config): use --seq-len {info.max_positions} or less")
+    return None
+
+
+def ranks_on_host(environment: kit_env.Environment, world_size: int,
+                  ranks_per_host: int | None = None) -> int:
+    """How many of ``world_size`` ranks share one host's RAM and disk: as given, else one per GPU
+    of this machine (a T4 profile has one), or all of them on a machine without a GPU."""
+    if ranks_per_host:
+        return ranks_per_host
+    gpus = environment.gpu_count if environment.has_gpu else world_size
+    return max(1, min(world_size, gpus))
 
 
 def limits(environment: kit_env.Environment) -> dict[str, int | None]:
@@ -82,10 +177,13 @@ def size(
     seq_len: int,
     grad_ckpt: bool = True,
     world_size: int = 1,
+    ranks_per_host: int | None = None,
 ) -> list[Sized]:
     """Every row of the stage and offload matrix for this model (built on the host, then
     partitioned), then ZeRO-3 + NVMe with the model built under ``deepspeed.zero.Init`` and
-    notebook 06's sizing (:data:`ZERO_INIT_NVME`): config, estimate, verdicts."""
+    notebook 06's sizing (:data:`ZERO_INIT_NVME`): config, estimate, verdicts. The GPU verdict is
+    one rank's; host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`)."""
+    ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
         (label, matrix.config_for(choice, info, environment, micro_batch, world_size), False)
         for label, choice in matrix.CONFIGS
@@ -106,8 +204,8 @@ def size(
             on_gpu=environment.has_gpu,
             zero_init=zero_init,
         )
-        needs = {p: est.total(p) for p in verdict.PLACES}
-        out.append(Sized(label, ds, est, verdict.places(needs, limits(environment))))
+        needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in verdict.PLACES}
+        out.append(Sized(label, ds, est, verdict.places(needs, limits(environment)), needs))
     return out
 
 
@@ -118,19 +216,22 @@ def size_table(
     seq_len: int,
     grad_ckpt: bool = True,
     world_size: int = 1,
+    ranks_per_host: int | None = None,
 ) -> Table:
     """Predicted GPU / host / disk GiB per stage and offload, each place's verdict and when the GPU
-    peaks: what ``python -m helpers.sizing`` prints and notebook 03 shows."""
+    peaks: what ``python -m helpers.sizing`` prints and notebook 03 shows. Host and NVMe figures
+    are one host's (all its ranks)."""
     rows = []
-    for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size):
+    ranks = ranks_on_host(environment, world_size, ranks_per_host)
+    for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size, ranks):
         word = {p: v.word for p, v in s.verdicts.items()}
         est = s.estimate
         rows.append(
             (
                 s.label,
                 gib(est.total("gpu")) if environment.has_gpu else MISSING,
-                gib(est.total("cpu")),
-                gib(est.total("nvme")) if est.total("nvme") else MISSING,
+                gib(s.needs["cpu"]),
+                gib(s.needs["nvme"]) if s.needs["nvme"] else MISSING,
                 word.get("gpu", MISSING),
                 word.get("cpu", MISSING),
                 word.get("nvme", MISSING),
@@ -142,9 +243,10 @@ def size_table(
     gpu = (
         f"GPU {lim['gpu'] / 2**30:.1f} GiB, " if lim["gpu"] else "no GPU (everything in host RAM), "
     )
+    hosts = f", {ranks} per host" if world_size > 1 else ""
     title = (
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters at {micro_batch} x {seq_len}"
-        f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s); {gpu}RAM budget "
+        f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
         f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {verdict.MARGIN:.0%} of the limit"
     )
     return Table(
@@ -167,28 +269,28 @@ def size_table(
 # ---- the estimators people use -------------------------------------------------------------------
 
 
-def deepspeed_estimates(info: memory.ModelInfo, world_size: int = 1) -> dict[str, tuple[int, int]]:
+def deepspeed_estimates(
+    info: memory.ModelInfo, world_size: int = 1, ranks_per_host: int | None = None
+) -> dict[str, tuple[int, int]]:
     """DeepSpeed's own model-state estimators (they return numbers; the ``_all_live`` variants only
-    print), per matrix row they cover: {label: (gpu bytes, host bytes)}. DeepSpeed has no stage 0,
-    stage 1 or NVMe rows, counts no activations, and adds a 1.5x host buffer factor."""
+    print), per matrix row they cover: {label: (gpu bytes per GPU, host bytes per node)}, called as
+    DeepSpeed's ``_all_live`` variants call them: the largest layer is the most parameters one
+    module holds itself (stage3.py model_to_params), the ranks are ``ranks_per_host`` GPUs on each
+    of enough nodes. DeepSpeed has no stage 0, stage 1 or NVMe rows, counts no activations, and
+    adds a 1.5x host buffer factor."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    p, big, n = info.n_params, info.largest_param_numel, world_size
+    p, layer = info.n_params, info.largest_module_numel
+    per_node = ranks_per_host or world_size
+    nodes = {"num_gpus_per_node": per_node, "num_nodes": math.ceil(world_size / per_node)}
     out = {}
     for label, offload in (("stage 2", False), ("stage 2 + CPU offload", True)):
-        cpu, gpu = estimate_zero2_model_states_mem_needs(
-            p, num_gpus_per_node=n, cpu_offload=offload
-        )
+        cpu, gpu = estimate_zero2_model_states_mem_needs(p, cpu_offload=offload, **nodes)
         out[label] = (int(gpu), int(cpu))
     for label, offload in (("stage 3", False), ("stage 3 + CPU offload", True)):
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-            p,
-            big,
-            num_gpus_per_node=n,
-            cpu_offload=offload,
-            cpu_offload_params=offload,
-            zero_init=False,
+            p, layer, cpu_offload=offload, cpu_offload_params=offload, zero_init=False, **nodes
         )
         out[label] = (int(gpu), int(cpu))
     return out
@@ -198,20 +300,24 @@ ACCELERATE_NOTE = (
     "Accelerate's `accelerate estimate-memory` asks the Hub for the model's metadata "
     "(create_empty_model -> verify_on_hub), so it cannot size a local folder or run offline; "
     "the figure here is its own arithmetic (calculate_maximum_sizes, estimate_training_usage) "
-    "on the same meta-device model: fp16 mixed precision, batch 1, no ZeRO."
+    "on the same meta-device model built in float32, as create_empty_model builds it: fp16 mixed "
+    "precision, batch 1, no ZeRO."
 )
 
 
 def accelerate_estimate(hf_config) -> int:
     """Accelerate's "Training using Adam" figure for float16 on a model built from ``hf_config`` on
-    the meta device (see :data:`ACCELERATE_NOTE`)."""
+    the meta device (see :data:`ACCELERATE_NOTE`). The model is built in float32 whatever the
+    config's ``torch_dtype``: Accelerate's formula takes fp32 weights (transformers 5 would build
+    it in the config's dtype, halving the figure for a bf16 checkpoint)."""
+    import torch
     from accelerate import init_empty_weights
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
     from transformers import AutoModelForCausalLM
 
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(hf_config)
+    with init_empty_weights():  # on a copy: from_config writes the dtype into the config
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_config), dtype=torch.float32)
     total, _ = calculate_maximum_sizes(model)
     return int(max(estimate_training_usage(total, "float16").values()))
 
@@ -244,13 +350,15 @@ def side_by_side(
     grad_ckpt: bool = True,
     world_size: int = 1,
     rows: list[dict] | None = None,
+    ranks_per_host: int | None = None,
 ) -> Table:
     """For the same model: the kit's prediction, DeepSpeed's estimators, Accelerate's figure and,
     where the stored measurements (helpers/memory_measurements.json) have this case, the
     measurement.
     GPU figures are for a GPU in the kit's precision (a T4 profile when this machine has none)."""
     gpu_env = environment if environment.has_gpu else config.t4_profile(environment)
-    ds = deepspeed_estimates(info, world_size)
+    ranks = ranks_on_host(gpu_env, world_size, ranks_per_host)
+    ds = deepspeed_estimates(info, world_size, ranks)
     acc = accelerate_estimate(hf_config)
     found = _measured(
         info,
@@ -261,7 +369,7 @@ def side_by_side(
         measurements.load() if rows is None else rows,
     )
     out = []
-    for s in size(info, gpu_env, micro_batch, seq_len, grad_ckpt, world_size):
+    for s in size(info, gpu_env, micro_batch, seq_len, grad_ckpt, world_size, ranks):
         m = found.get(s.label, {})
         ds_gpu, ds_cpu = ds.get(s.label, (None, None))
         status = m.get("status", MISSING)
@@ -272,7 +380,7 @@ def side_by_side(
                 gib(ds_gpu),
                 gib(acc) if s.label == "stage 0" else MISSING,
                 gib(m.get("peak_gpu_allocated_bytes")) if status == "ok" else status,
-                gib(s.estimate.total("cpu")),
+                gib(s.needs["cpu"]),
                 gib(ds_cpu),
                 gib(m.get("peak_host_rss_bytes")) if not m.get("host_rss_all_ranks") else MISSING,
             )
@@ -364,23 +472,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grad-ckpt", action="store_true")
     parser.add_argument("--world-size", type=cli.positive_int, default=1)
     parser.add_argument(
+        "--ranks-per-host",
+        type=cli.positive_int,
+        default=None,
+        help="ranks sharing one host's RAM and disk (default: one per GPU of the machine)",
+    )
+    parser.add_argument(
         "--emulate",
         type=cli.one_of(["t4", "none"]),
         default=None,
         help="t4: the verdict for a free Colab T4 (15 GiB GPU, 12.7 GB RAM)",
     )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also print DeepSpeed's and Accelerate's estimates beside the kit's",
+    )
     args = parser.parse_args(argv)
     try:
         with cli.quiet():
-            info, _ = resolve(args.model)
+            info, hf = resolve(args.model)
     except SizingError as err:
         cli.refuse(parser, "--model", args.model, str(err))
+    if why := seq_len_problem(info, args.seq_len):
+        cli.refuse(parser, "--seq-len", args.seq_len, why)
     machine = machine_for(None if args.emulate == "none" else args.emulate)
-    print(
-        size_table(info, machine, args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
-    )
+    if why := ranks_problem(machine, args.world_size, args.ranks_per_host):
+        cli.refuse(parser, "--ranks-per-host", args.ranks_per_host, why)
+    sizes = (args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
+    print(size_table(info, machine, *sizes, ranks_per_host=args.ranks_per_host))
     print(verdict_line(machine))
+    if args.compare:
+        with cli.quiet():
+            table = side_by_side(info, hf, machine, *sizes, ranks_per_host=args.ranks_per_host)
+        print()
+        print(table)
+        print(ACCELERATE_NOTE)
     return 0
+
+
+def ranks_problem(
+    machine: kit_env.Environment, world_size: int, ranks_per_host: int | None
+) -> str | None:
+    """Why ``ranks_per_host`` cannot be (more than the world size, or than the host's GPUs, one
+    rank each), with the fix; None when it can."""
+    if ranks_per_host is None:
+        return None
+    if ranks_per_host > world_size:
+        return f"more than --world-size {world_size}: use at most {world_size}"
+    if machine.has_gpu and ranks_per_host > machine.gpu_count:
+        hosts = math.ceil(world_size / machine.gpu_count)
+        return (f"{machine.gpu_name} has {machine.gpu_count} GPU(s), one rank each: use at most "
+                f"{machine.gpu_count} (--world-size {world_size} then runs on {hosts} hosts)")
+    return None
 
 
 if __name__ == "__main__":

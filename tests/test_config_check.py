@@ -12,7 +12,9 @@ initialize, and the warnings for settings it ignores, each with a config that tr
 import copy
 import enum
 import json
+import math
 import random
+import re
 import time
 import types
 import typing
@@ -297,10 +299,11 @@ def test_known_keys_come_from_deepspeed_and_include_the_newer_sections():
     assert "elasticity" not in known[""] and "amp" not in known[""]  # removed: DeepSpeed refuses them now
 
 
-@pytest.mark.parametrize("key, meant", [("fp_16", "fp16"), ("zero_optimisation", "zero_optimization"),
-                                        ("gradient_clip", "gradient_clipping"), ("tensorboard_", "tensorboard")])
-def test_a_top_level_typo_is_an_error_with_a_suggestion(key, meant):
-    hit = errors_at(config.check(dict(base(), **{key: {}}), for_trainer=False), key)
+@pytest.mark.parametrize("key, meant, value", [
+    ("fp_16", "fp16", {}), ("zero_optimisation", "zero_optimization", {}),
+    ("gradient_clip", "gradient_clipping", 1.0), ("tensorboard_", "tensorboard", {})])
+def test_a_top_level_typo_is_an_error_with_a_suggestion(key, meant, value):
+    hit = errors_at(config.check(dict(base(), **{key: value}), for_trainer=False), key)
     assert hit and f"did you mean '{meant}'" in hit[0].fix
 
 
@@ -537,3 +540,252 @@ def test_check_is_fast_enough_for_a_widget():
     for _ in range(20):
         config.check(cfg)
     assert (time.perf_counter() - start) / 20 < 0.1
+
+
+# ---- configs written by others, copied from public repositories (issue 29) ------------------
+
+PUBLIC = Path(__file__).parent / "real_configs_public"
+_ROW = re.compile(r"^\| `(?P<file>[^`]+\.json)` \| (?P<repo>[\w.-]+/[\w.-]+) \| `(?P<path>[^`]+)` "
+                  r"\| `(?P<commit>[0-9a-f]{12})` \| (?P<how>.+) \| (?P<kind>engine|Trainer) \|$")
+
+
+def public_sources() -> dict[str, dict]:
+    rows = [_ROW.match(line) for line in (PUBLIC / "README.md").read_text().splitlines()]
+    return {m["file"]: m.groupdict() for m in rows if m}
+
+
+PUBLIC_CONFIGS = sorted(PUBLIC.glob("*.json"))
+
+
+def test_the_public_folder_holds_thirty_configs_each_with_its_repository_path_and_commit():
+    sources = public_sources()
+    assert len(PUBLIC_CONFIGS) >= 30
+    assert sorted(sources) == [p.name for p in PUBLIC_CONFIGS]
+    assert not {p.name for p in PUBLIC_CONFIGS} & {p.name for p in REAL_CONFIGS}
+    assert len({s["repo"] for s in sources.values()}) >= 8  # written by many hands
+
+
+@pytest.mark.parametrize("path", PUBLIC_CONFIGS, ids=lambda p: p.stem)
+def test_a_public_config_has_no_error_and_deepspeed_parses_it(path):
+    cfg = json.loads(path.read_text())
+    trainer = public_sources()[path.name]["kind"] == "Trainer"
+    found = config.check(cfg, for_trainer=trainer)
+    assert [str(p) for p in found if p.level == "error"] == []
+    assert deepspeed_refuses(fill(cfg)) is None
+
+
+# ---- the false alarms issue 29 found, each a valid config DeepSpeed 0.19.8 runs ---------------
+
+
+def engine_check(cfg: dict, **kwargs) -> list:
+    return config.check(cfg, for_trainer=False, **kwargs)
+
+
+def test_steps_per_print_infinity_as_accelerate_writes_it_is_no_error():
+    cfg = dict(zero(2), steps_per_print=float("inf"))
+    assert [str(p) for p in engine_check(cfg)] == []
+    assert deepspeed_refuses(cfg) is None
+    assert errors_at(engine_check(dict(zero(2), steps_per_print=0)), "steps_per_print")
+    assert errors_at(engine_check(dict(zero(2), steps_per_print=-math.inf)), "steps_per_print")
+
+
+def test_auto_in_a_section_deepspeed_validates_is_a_warning_naming_the_default_for_an_engine():
+    cfg = zero(3, stage3_prefetch_bucket_size="auto", sub_group_size="auto")
+    found = engine_check(cfg)
+    assert [p.level for p in found] == ["warning", "warning"], [str(p) for p in found]
+    by_path = {p.path: p.message for p in found}
+    assert "its default, 50,000,000" in by_path["zero_optimization.stage3_prefetch_bucket_size"]
+    assert "1,000,000,000" in by_path["zero_optimization.sub_group_size"]
+    assert deepspeed_refuses(cfg) is None  # DeepSpeedConfigModel drops "auto" before validating
+    # outside the sections DeepSpeed's models validate, "auto" reaches DeepSpeed as a string
+    assert errors_at(engine_check(dict(zero(2), gradient_clipping="auto")), "gradient_clipping")
+
+
+def test_a_trainer_config_auto_the_trainer_does_not_fill_is_a_warning():
+    cfg = config.build(stage=3, trainer=True, pin_memory=False)
+    del cfg["zero_optimization"]["stage3_prefetch_bucket_size"]
+    cfg["zero_optimization"]["prefetch_bucket_size"] = "auto"
+    found = [p for p in config.check(cfg, for_trainer=True)
+             if p.path == "zero_optimization.prefetch_bucket_size"]
+    assert [p.level for p in found] == ["warning"] and "stage3_prefetch_bucket_size" in found[0].fix
+    assert "50,000,000" in found[0].message
+    spelled = config.build(stage=3, trainer=True, pin_memory=False)  # the spelling it fills
+    spelled["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
+    assert [p for p in config.check(spelled, for_trainer=True) if "prefetch" in p.path] == []
+    unfilled = put(copy.deepcopy(spelled), "optimizer.params.foreach", "auto")  # not a bool
+    assert errors_at(config.check(unfilled, for_trainer=True), "optimizer.params.foreach")
+
+
+@pytest.mark.parametrize("key, value", [("_comment", "ZeRO-2 with AutoTP"),
+                                        ("sequence_parallel", {"enabled": True})])
+def test_a_top_level_key_that_is_no_typo_is_a_warning_not_an_error(key, value):
+    found = engine_check(dict(zero(2), **{key: value}))
+    assert [(p.level, p.path) for p in found] == [("warning", key)]
+    assert "no typo" in found[0].message
+    assert deepspeed_refuses(dict(zero(2), **{key: value})) is None
+
+
+def test_sequence_parallel_size_with_the_default_world_size_counts_the_gpus_it_needs():
+    cfg = dict(zero(2), sequence_parallel_size=2, train_batch_size=2,
+               train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1)
+    assert [str(p) for p in engine_check(cfg)] == []
+    four = [p.fix for p in engine_check(cfg, world_size=4) if p.level == "error"]
+    # 2 x 1 x (4 / 2) data-parallel GPUs
+    assert four == ["Set train_batch_size to 4, or drop it and let DeepSpeed derive it."]
+    odd = errors_at(engine_check(cfg, world_size=3), "sequence_parallel_size")
+    assert odd and "multiple of 2" in odd[0].fix
+    for world in (None, 1, 2, 3, 4, 8):
+        fixes = [p.fix for p in engine_check(cfg, world_size=world)]
+        assert not any(re.search(r"\d\.\d", f) for f in fixes), fixes  # never "to 0.5"
+
+
+# ---- the misses issue 29 found: configs DeepSpeed refuses at initialize or at its first steps --
+
+
+def adam(stage: int = 2, offload: str = "none", **params) -> dict:
+    cfg = zero(stage, **({"offload_optimizer": {"device": offload}} if offload != "none" else {}))
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3, **params}}
+    return cfg
+
+
+def test_deepspeeds_adam_refuses_keyword_arguments_it_does_not_take():
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+    weight = [torch.zeros(1, requires_grad=True)]
+    hit = errors_at(engine_check(adam(foo=1)), "optimizer.params.foo")
+    assert hit and "FusedAdam" in hit[0].message
+    with pytest.raises(TypeError):  # DeepSpeed's own class refuses it, before it loads its op
+        FusedAdam(weight, foo=1)
+    # FusedAdam takes set_grad_none, DeepSpeedCPUAdam (the optimizer offload builds) does not
+    cpu = errors_at(engine_check(adam(offload="cpu", set_grad_none=True)),
+                    "optimizer.params.set_grad_none")
+    assert cpu and "DeepSpeedCPUAdam" in cpu[0].message
+    with pytest.raises(TypeError):
+        DeepSpeedCPUAdam(weight, set_grad_none=True)
+    assert errors_at(engine_check(adam(set_grad_none=True)), "optimizer.params.set_grad_none") == []
+    twice = errors_at(engine_check(adam(offload="cpu", adamw_mode=True)),
+                      "optimizer.params.adamw_mode")  # engine.py passes adamw_mode itself
+    assert twice and "twice" in twice[0].message
+    popped = engine_check(adam(adam_w_mode=False, torch_adam=False))  # engine.py pops these
+    assert [p for p in popped if p.level == "error"] == []
+
+
+def test_deepspeeds_adam_refuses_the_amsgrad_variant_unless_torch_adam_builds_it():
+    from deepspeed.ops.adam import FusedAdam
+
+    hit = errors_at(engine_check(adam(amsgrad=True)), "optimizer.params.amsgrad")
+    assert hit and "AMSGrad" in hit[0].message
+    with pytest.raises(RuntimeError, match="AMSGrad"):  # raised before FusedAdam loads its op
+        FusedAdam([torch.zeros(1, requires_grad=True)], amsgrad=True)
+    assert [str(p) for p in engine_check(adam(amsgrad=True, torch_adam=True))] == []
+
+
+@pytest.mark.parametrize("betas, ok", [([0.9, 0.999], True), ([0.9], False), (0.9, False),
+                                       ([0.9, 0.99, 0.9], False), (["a", 0.9], False)])
+def test_betas_must_be_a_pair_for_deepspeeds_optimizers(betas, ok):
+    assert bool(errors_at(engine_check(adam(betas=betas)), "optimizer.params.betas")) != ok
+
+
+UNTESTED = [  # (optimizer section, stage, zero_allow_untested_optimizer, refused)
+    ({"type": "SGD", "params": {"lr": 0.1}}, 2, False, True),
+    ({"type": "SGD", "params": {"lr": 0.1}}, 2, True, False),
+    ({"type": "SGD", "params": {"lr": 0.1}}, 0, False, False),   # no ZeRO: nothing to test
+    ({"type": "Lamb", "params": {"lr": 0.01}}, 1, False, True),  # FusedLamb is not on the list
+    ({"type": "AdamW", "params": {"lr": 0.001}}, 3, False, False),
+    ({"type": "Adagrad", "params": {"lr": 0.01}}, 2, False, False),
+]
+
+
+@pytest.mark.parametrize("optimizer, stage, allowed, refused", UNTESTED)
+def test_zero_with_an_untested_optimizer_needs_zero_allow_untested_optimizer(optimizer, stage,
+                                                                             allowed, refused):
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    assert not {torch.optim.SGD, FusedLamb} & set(ZERO_SUPPORTED_OPTIMIZERS)
+    cfg = dict(zero(stage), optimizer=optimizer)
+    if allowed:
+        cfg["zero_allow_untested_optimizer"] = True
+    hit = errors_at(engine_check(cfg), "optimizer.type")
+    assert bool(hit) == refused, [str(p) for p in engine_check(cfg)]
+    assert not hit or "zero_allow_untested_optimizer" in hit[0].fix
+
+
+def test_nvme_optimizer_offload_below_stage_3_is_a_warning_that_it_runs_on_the_cpu():
+    cfg = zero(2, offload_optimizer={"device": "nvme", "nvme_path": "/local_nvme"})
+    found = engine_check(cfg)
+    hit = [p for p in found if p.path == "zero_optimization.offload_optimizer.device"]
+    assert [p.level for p in hit] == ["warning"] and "as the CPU" in hit[0].message
+    assert [p for p in found if p.level == "error"] == [] and deepspeed_refuses(cfg) is None
+    at3 = zero(3, offload_optimizer={"device": "nvme", "nvme_path": "/local_nvme"})
+    assert [p for p in engine_check(at3) if p.path.endswith("offload_optimizer.device")] == []
+
+
+@pytest.mark.parametrize("stage, refused", [("3", False), (3, False), ("2", True), (2, True)])
+def test_the_stage_is_compared_as_deepspeed_reads_it_a_number(stage, refused):
+    cfg = zero(3, offload_param={"device": "cpu"})
+    cfg["zero_optimization"]["stage"] = stage
+    hit = errors_at(engine_check(cfg), "zero_optimization.offload_param.device")
+    assert bool(hit) == refused
+
+
+_ENGINE_VERDICTS = r'''
+import json, os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", LOCAL_RANK="0",
+                  WORLD_SIZE="1")
+import torch, deepspeed
+out = []
+for cfg in json.loads(open(sys.argv[1]).read()):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    try:
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=cfg)
+        for _ in range(2):
+            engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+            engine.step()
+        out.append(None)
+    except Exception as err:
+        out.append(f"{type(err).__name__}: {err}")
+print("VERDICTS " + json.dumps(out))
+'''
+
+
+def test_the_misses_and_false_alarms_agree_with_deepspeed_itself(tmp_path):
+    """Each case run by DeepSpeed on its CPU accelerator (initialize, two steps), in one fresh
+    process: check() has an error exactly where DeepSpeed refuses."""
+    import socket
+    import subprocess
+    import sys
+
+    ground = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+
+    def case(stage, optimizer, **top):
+        return {**ground, "zero_optimization": {"stage": stage}, "optimizer": optimizer, **top}
+
+    cases = [  # (config, DeepSpeed refuses it)
+        (case(2, {"type": "SGD", "params": {"lr": 0.1}}), True),
+        (case(2, {"type": "SGD", "params": {"lr": 0.1}}, zero_allow_untested_optimizer=True),
+         False),
+        (case(2, {"type": "AdamW", "params": {"lr": 0.1, "foo": 1}}), True),
+        (case(2, {"type": "AdamW", "params": {"lr": 0.1, "amsgrad": True}}), True),
+        (case(0, {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9]}}), True),
+        (case(0, {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9, 0.99]}}), False),
+        (case(1, {"type": "Adam", "params": {"lr": 0.1, "torch_adam": True}},
+              steps_per_print=float("inf"), _comment="x", sequence_parallel={"enabled": True}),
+         False),
+    ]
+    cases[-1][0]["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
+    (tmp_path / "configs.json").write_text(json.dumps([c for c, _ in cases]))
+    (tmp_path / "run.py").write_text(_ENGINE_VERDICTS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "configs.json"),
+                           str(port)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    line = [x for x in done.stdout.splitlines() if x.startswith("VERDICTS ")]
+    assert line, done.stderr[-3000:]
+    verdicts = json.loads(line[0].removeprefix("VERDICTS "))
+    for (cfg, refused), verdict in zip(cases, verdicts):
+        assert (verdict is not None) == refused, (cfg, verdict)
+        errors = [str(p) for p in config.check(cfg, for_trainer=False) if p.level == "error"]
+        assert bool(errors) == refused, (cfg, verdict, errors)

@@ -1,6 +1,8 @@
 """helpers.sizing: any model sized per stage and offload with the verdict (kit shapes, a local
 save_pretrained folder, a Hub name offline), beside DeepSpeed's and Accelerate's estimators."""
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config, models, sizing, verdict
+from helpers import config, memory, models, sizing, verdict
 from helpers import env as kit_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,3 +129,247 @@ def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_say
                host["optimizer swap buffers"])
     for figure in figures:
         assert f"{figure / 2**30:.2f}" in readme, figure / 2**30
+
+
+# ---- models nobody on the project wrote (issue 29): config.json with the published numbers ---
+
+#: The architecture fields of published checkpoints' config.json (no weights, nothing downloaded).
+PUBLISHED = {
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "vocab_size": 128256, "max_position_embeddings": 131072,
+                     "rope_theta": 500000.0, "tie_word_embeddings": False,
+                     "torch_dtype": "bfloat16"},
+    "qwen3-0.6b": {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+                   "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                   "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+                   "tie_word_embeddings": True, "rope_theta": 1000000.0,
+                   "torch_dtype": "bfloat16"},
+    "pythia-160m": {"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072,
+                    "num_hidden_layers": 12, "num_attention_heads": 12, "vocab_size": 50304,
+                    "max_position_embeddings": 2048, "rotary_pct": 0.25, "hidden_act": "gelu",
+                    "use_parallel_residual": True, "tie_word_embeddings": False,
+                    "torch_dtype": "float16"},
+    "falcon-7b": {"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+                  "num_attention_heads": 71, "vocab_size": 65024, "multi_query": True,
+                  "new_decoder_architecture": False, "parallel_attn": True, "bias": False,
+                  "alibi": False, "torch_dtype": "bfloat16"},
+    "mixtral-8x7b": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+                     "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "gemma-2-2b": {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216,
+                   "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                   "head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192,
+                   "tie_word_embeddings": True, "torch_dtype": "float32"},
+    "phi-3-mini": {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+                   "vocab_size": 32064, "max_position_embeddings": 4096, "pad_token_id": 32000,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                   "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "vocab_size": 32000, "max_position_embeddings": 32768,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "vocab_size": 152064, "max_position_embeddings": 131072,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "t5-small": {"model_type": "t5", "d_model": 512, "d_ff": 2048, "num_layers": 6,
+                 "num_heads": 8, "vocab_size": 32128, "is_encoder_decoder": True},
+    "bert-base": {"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522,
+                  "max_position_embeddings": 512},
+}
+
+
+def folder(tmp_path, name: str, data=None, text: str | None = None) -> str:
+    """A model folder holding only a config.json: ``data`` as JSON, or ``text`` as it is."""
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(text if text is not None else json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """(ModelInfo, config) of each causal LM of :data:`PUBLISHED`, resolved from its folder."""
+    root = tmp_path_factory.mktemp("published")
+    return {name: sizing.resolve(folder(root, name, data))
+            for name, data in PUBLISHED.items() if name not in ("t5-small", "bert-base")}
+
+
+#: (parameters the checkpoint has, k/v heads, width of one head, a gated MLP, RMSNorm)
+COUNTED = {
+    "llama-3.1-8b": (8_030_261_248, 8, 128, True, True),
+    "qwen3-0.6b": (596_049_920, 8, 128, True, True),   # head_dim 128, not 1024 / 16
+    "pythia-160m": (162_322_944, 12, 64, False, False),  # GELU MLP, LayerNorm
+    "falcon-7b": (6_921_720_704, 1, 64, False, False),  # multi-query: one k/v head, not 71
+    "mixtral-8x7b": (46_702_792_704, 8, 128, True, True),
+    "gemma-2-2b": (2_614_341_888, 4, 256, True, True),
+    "phi-3-mini": (3_821_079_552, 32, 96, True, True),   # fused gate_up_proj: still gated
+    "mistral-7b": (7_241_732_096, 8, 128, True, True),
+    "qwen2.5-7b": (7_615_616_512, 4, 128, True, True),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTED))
+def test_published_models_are_counted_and_their_fields_read_per_family(name, published):
+    info, _ = published[name]
+    params, kv, head_dim, gated, rms = COUNTED[name]
+    assert (info.n_params, info.kv_heads, info.head_dim) == (params, kv, head_dim)
+    assert (info.gated_mlp, info.rms_norm) == (gated, rms)
+
+
+def test_activations_follow_each_familys_own_fields(published):
+    def layer(info, **changed):
+        return memory.layer_activation_bytes(dataclasses.replace(info, **changed), 1024)
+
+    qwen3, pythia, falcon = (published[n][0] for n in ("qwen3-0.6b", "pythia-160m", "falcon-7b"))
+    # Qwen3's q is 16 x 128 = 2048 wide, twice its hidden size: read as Llama's it would be 1024
+    assert layer(qwen3) > layer(qwen3, head_dim=qwen3.hidden // qwen3.heads)
+    # a plain GELU MLP keeps two intermediate-wide tensors, SwiGLU four
+    assert layer(pythia, gated_mlp=True) - layer(pythia) == 2 * 2 * pythia.intermediate * 1024
+    # Falcon-7B's single k/v head: far fewer k/v bytes than 71 heads would keep
+    assert layer(falcon) < layer(falcon, kv_heads=71)
+
+
+def test_the_kit_shapes_keep_their_estimates():
+    # the new fields default to what the kit's GPT-2 and Llama/Qwen shapes are
+    for shape in models.MODEL_SHAPES:
+        info, _ = sizing.resolve(shape)
+        assert info.head_dim * info.heads == info.hidden
+        assert info.gated_mlp == info.rms_norm == (models.shape_family(shape) != "gpt2")
+
+
+BAD_MODELS = [  # (folder name, config.json text, words in the one-line refusal)
+    ("broken", '{"model_type": "llama", "hidden_size": 4096,', "not valid JSON (line 1"),
+    ("untyped", '{"hidden_size": 4096}', 'no "model_type"'),
+    ("unknown", '{"model_type": "no-such-architecture"}', "transformers cannot read"),
+    ("t5", json.dumps(PUBLISHED["t5-small"]), "t5 is an encoder-decoder model"),
+    ("bert", json.dumps(PUBLISHED["bert-base"]), "bert is an encoder (a masked LM)"),
+]
+
+
+@pytest.mark.parametrize("name, text, words", BAD_MODELS, ids=[b[0] for b in BAD_MODELS])
+def test_a_bad_model_folder_ends_in_one_line_naming_it_exit_2(name, text, words, tmp_path, capsys):
+    err = _refused(capsys, ["--model", folder(tmp_path, name, text=text), "--emulate", "none"])
+    assert words in err and err.startswith("sizing: --model ") and "Traceback" not in err
+
+
+def test_bert_is_sized_as_a_causal_lm_only_when_its_config_says_is_decoder(tmp_path):
+    decoder = {**PUBLISHED["bert-base"], "is_decoder": True}
+    info, _ = sizing.resolve(folder(tmp_path, "bert", decoder))
+    assert info.n_params > 100e6 and info.family == "bert"
+
+
+def test_a_missing_path_is_named_a_missing_folder_not_an_unreachable_hub_name(capsys, tmp_path):
+    for missing in (str(tmp_path / "no" / "such"), "./no-such-folder", "~/no-such-folder"):
+        err = _refused(capsys, ["--model", missing])
+        assert "no such folder" in err and "Hub" in err.split(":", 2)[2]
+        assert "cannot be reached" not in err
+    (tmp_path / "config.json").write_text("{}")
+    assert "a file, not a folder" in _refused(capsys, ["--model", str(tmp_path / "config.json")])
+
+
+def test_the_sequence_length_is_held_to_the_models_positions(capsys, tmp_path):
+    pythia = folder(tmp_path, "pythia", PUBLISHED["pythia-160m"])
+    err = _refused(capsys, ["--model", pythia, "--seq-len", "4096", "--emulate", "none"])
+    assert "--seq-len 4096: past the model's 2,048 positions" in err and "2048 or less" in err
+    assert "past" in _refused(capsys, ["--model", "gpt2-124m", "--seq-len", "2048"])
+    info, _ = sizing.resolve(pythia)
+    assert sizing.seq_len_problem(info, 2048) is None
+
+
+def test_host_ram_adds_up_the_ranks_on_one_host(t4):
+    info, _ = sizing.resolve("gpt2-124m")
+    one = {r.label: r for r in sizing.size(info, t4, 2, 256, world_size=8)}
+    # the T4 profile has one GPU: 8 ranks are 8 hosts, each with one rank's host RAM
+    assert sizing.ranks_on_host(t4, 8) == 1
+    assert all(r.needs["cpu"] == r.estimate.total("cpu") for r in one.values())
+    kaggle = dataclasses.replace(t4, gpu_count=2)  # two T4s on one host
+    two = {r.label: r for r in sizing.size(info, kaggle, 2, 256, world_size=8)}
+    for label, row in two.items():
+        assert row.needs["cpu"] == 2 * row.estimate.total("cpu")
+        assert row.needs["gpu"] == row.estimate.total("gpu")
+    assert "2 per host" in sizing.size_table(info, kaggle, 2, 256, world_size=8).title
+
+
+def test_more_ranks_on_a_host_than_it_has_gpus_is_refused(capsys):
+    err = _refused(capsys, ["--model", "tiny", "--world-size", "8", "--ranks-per-host", "4",
+                            "--emulate", "t4"])
+    assert "--ranks-per-host 4" in err and "use at most 1" in err and "8 hosts" in err
+    err = _refused(capsys, ["--model", "tiny", "--world-size", "2", "--ranks-per-host", "4"])
+    assert "more than --world-size 2" in err
+
+
+def test_a_fused_moe_expert_tensor_is_gathered_whole(published, t4):
+    # Mixtral's fused experts.gate_up_proj: 8 x (2 x 14336) x 4096 = 0.94B elements, 1.75 GiB in
+    # fp16, gathered whole although the NVMe config caps live parameters far below it
+    info, _ = published["mixtral-8x7b"]
+    tensor = 8 * 2 * 14336 * 4096
+    assert info.largest_param_numel == tensor
+    row = {r.label: r for r in sizing.size(info, t4, 1, 512)}[sizing.ZERO_INIT_NVME]
+    assert row.config["zero_optimization"]["stage3_max_live_parameters"] < tensor
+    gathered = row.estimate.parts["gpu"]["gathered params"]
+    assert gathered == 2 * tensor and f"{gathered / 2**30:.2f}" == "1.75"
+    assert row.estimate.total("gpu") > gathered  # and the rest of the step beside it
+
+
+def test_the_output_head_is_gathered_whole(published, t4):
+    # Gemma-2-2B's 256,000 x 2304 head: 0.59B elements, 1.10 GiB in fp16
+    info, _ = published["gemma-2-2b"]
+    row = {r.label: r for r in sizing.size(info, t4, 1, 512)}[sizing.ZERO_INIT_NVME]
+    assert row.estimate.parts["gpu"]["gathered params"] == 2 * 256_000 * 2304
+    # a head larger than any one stored tensor (a vocabulary-sharded checkpoint): still whole
+    sharded = dataclasses.replace(info, largest_param_numel=10**7)
+    assert sharded.gathered_floor == 256_000 * 2304
+    zero3 = {"fp16": {"enabled": True},
+             "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 10**6,
+                                   "stage3_prefetch_bucket_size": 10**6}}
+    parts = memory.estimate(sharded, zero3, micro_batch=1, seq_len=512).parts["gpu"]
+    assert parts["gathered params"] == 2 * 256_000 * 2304
+
+
+def test_the_floors_leave_the_kit_shapes_default_stage_3_alone():
+    info, _ = sizing.resolve("gpt2-355m")
+    zero3 = {"fp16": {"enabled": True}, "zero_optimization": {"stage": 3}}
+    parts = memory.estimate(info, zero3).parts["gpu"]
+    assert parts["gathered params"] == 2 * info.n_params  # live parameters (1e9) cover the model
+
+
+def test_the_deepspeed_column_passes_the_largest_modules_parameters(published):
+    info, _ = published["mixtral-8x7b"]
+    # the experts module holds gate_up_proj and down_proj itself: 1.41B, more than either tensor
+    assert info.largest_module_numel == 8 * 3 * 14336 * 4096 > info.largest_param_numel
+    gpu, _ = sizing.deepspeed_estimates(info)["stage 3"]
+    assert gpu == 4 * info.largest_module_numel + int(18 * info.n_params)
+
+
+def test_accelerates_figure_does_not_depend_on_the_configs_dtype(tmp_path):
+    import torch
+    from accelerate import init_empty_weights
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+    from transformers import AutoModelForCausalLM
+
+    data = {k: v for k, v in models.model_config("llama-mini").to_dict().items() if k != "dtype"}
+    figures = set()
+    for dtype in ("float32", "bfloat16"):  # as a checkpoint's config.json says it
+        _, hf = sizing.resolve(folder(tmp_path, dtype, {**data, "torch_dtype": dtype}))
+        figures.add(sizing.accelerate_estimate(hf))
+    assert len(figures) == 1 and hf.dtype == torch.bfloat16  # the caller's config left alone
+    # what the figure would be from the bf16 model transformers 5 builds for a bf16 config: half
+    with init_empty_weights():
+        as_configured = AutoModelForCausalLM.from_config(hf)
+    assert next(as_configured.parameters()).dtype == torch.bfloat16
+    halved = max(estimate_training_usage(calculate_maximum_sizes(as_configured)[0],
+                                         "float16").values())
+    assert figures.pop() == pytest.approx(2 * halved, rel=1e-3)  # its own rounding aside
+
+
+def test_compare_prints_deepspeeds_and_accelerates_estimates(capsys):
+    assert sizing.main(["--model", "gpt2-124m", "--micro-batch", "2", "--seq-len", "256",
+                        "--compare", "--emulate", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepSpeed GPU" in out and "Accelerate GPU" in out and "four answers" in out
