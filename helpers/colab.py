@@ -71,8 +71,29 @@ def pip_command(constraints_file: str) -> list[str]:
     return [sys.executable, "-m", "pip", "install", "-q", "-r", str(COLAB_REQUIREMENTS), "-c", constraints_file]
 
 
+#: The Debian packages a Colab runtime lacks: libaio's headers, for NVMe offload (ZeRO-Infinity).
+#: Each notebook gets a runtime of its own on Colab, so every setup cell installs them again.
+COLAB_APT = ("libaio-dev",)
+
+
+def install_system_packages(run=subprocess.run) -> str:
+    """apt-get the missing COLAB_APT packages (Colab runs as root; about 10 s); one line of result.
+    A failure is reported, not raised: the notebooks then run without NVMe offload."""
+    missing = [p for p in COLAB_APT
+               if run(["dpkg", "-s", p], capture_output=True, text=True).returncode != 0]
+    if not missing:
+        return "system packages: " + ", ".join(COLAB_APT) + " already there"
+    cmd = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq " + " ".join(missing)
+    done = run(["bash", "-c", cmd], capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:]
+        return f"could not install {' '.join(missing)} ({'; '.join(tail)}): NVMe offload is not here"
+    return f"installed {' '.join(missing)} (NVMe offload)"
+
+
 def prepare(force: bool = False) -> str:
-    """On Colab (or with ``force``): install what Colab lacks and enable widgets. Elsewhere: nothing.
+    """On Colab (or with ``force``): install what Colab lacks (pip packages, libaio) and enable
+    widgets. Elsewhere: nothing.
 
     Returns one line saying what was done.
     """
@@ -92,7 +113,8 @@ def prepare(force: bool = False) -> str:
         from google.colab import output  # type: ignore[import-not-found]
 
         output.enable_custom_widget_manager()
-    return f"installed {COLAB_REQUIREMENTS.name}; kept " + ", ".join(keep_constraints())
+    return (f"installed {COLAB_REQUIREMENTS.name}; kept " + ", ".join(keep_constraints())
+            + "; " + install_system_packages())
 
 
 def version_of(package: str) -> str | None:

@@ -55,3 +55,24 @@ def test_colab_pins_fall_inside_the_kits_ranges():
         if line:
             name, version = line.split("==")
             assert version in ranges[name.lower()], f"{line} is outside requirements.txt's {ranges[name.lower()]}"
+
+
+def test_on_colab_the_setup_installs_libaio_once_and_reports_a_failure(monkeypatch):
+    import subprocess
+
+    calls = []
+
+    def fake(installed, apt_rc=0):
+        def run(cmd, **kw):
+            calls.append(cmd)
+            rc = 0 if cmd[0] == "dpkg" and installed else 1 if cmd[0] == "dpkg" else apt_rc
+            return subprocess.CompletedProcess(cmd, rc, "", "E: no space left" if rc else "")
+        return run
+
+    assert "already there" in colab.install_system_packages(fake(True))
+    assert all(c[0] == "dpkg" for c in calls)  # nothing installed twice
+    calls.clear()
+    assert colab.install_system_packages(fake(False)) == "installed libaio-dev (NVMe offload)"
+    assert "apt-get install -y -qq libaio-dev" in calls[-1][-1]
+    failed = colab.install_system_packages(fake(False, apt_rc=100))
+    assert "could not install libaio-dev" in failed and "no space left" in failed
