@@ -39,7 +39,8 @@ $(SHARED)/.installed:
 	touch $@
 
 $(VENV)/.installed: $(SHARED)/.installed requirements.txt pyproject.toml
-	$(PYTHON) -m venv --clear $(VENV)
+	@# no pip or setuptools of its own: the shared ones (newer) serve .venv too
+	$(PYTHON) -m venv --clear --without-pip $(VENV)
 	$(SHARED)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
 	    > "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zero-kit-shared.pth"
 	$(BIN)/python -m pip install -q --no-deps -e .

@@ -145,10 +145,44 @@ def fix_partial_offload_schedule() -> bool:
     return True
 
 
+def fix_library_probe_in_kernels() -> bool:
+    """Make DeepSpeed's library probe work inside a Jupyter kernel (DeepSpeed 0.19.8 and earlier).
+
+    ``OpBuilder.has_function`` (ops/op_builder/builder.py), which ``AsyncIOBuilder.is_compatible``
+    uses to find libaio, silences the compiler by redirecting ``sys.stderr.fileno()``. In a kernel
+    ``sys.stderr`` is the kernel's stream, and any error on the way is swallowed into "False": the
+    probe then says libaio is missing while it is there, and ``AsyncIOBuilder().load()`` raises
+    "Unable to JIT load the async_io op due to it not being compatible" (seen under nbval, and in
+    JupyterLab). The fix runs the probe with the process's own ``sys.__stderr__``.
+
+    Returns True when this call installed the fix, False when it was already in place.
+    """
+    import sys
+
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    original = OpBuilder.has_function
+    if getattr(original, _MARK, False):
+        return False
+
+    def has_function(self, funcname, libraries, library_dirs=None, verbose=False):
+        shown, sys.stderr = sys.stderr, sys.__stderr__ or sys.stderr
+        try:
+            return original(self, funcname, libraries, library_dirs, verbose)
+        finally:
+            sys.stderr = shown
+
+    setattr(has_function, _MARK, True)
+    has_function.__wrapped__ = original
+    OpBuilder.has_function = has_function
+    return True
+
+
 #: Every workaround, by what it does: :func:`apply_all` installs them in this order.
 FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check),
-         ("partial offload's GPU part follows the learning-rate schedule", fix_partial_offload_schedule))
+         ("partial offload's GPU part follows the learning-rate schedule", fix_partial_offload_schedule),
+         ("DeepSpeed's libaio probe works inside a notebook kernel", fix_library_probe_in_kernels))
 
 
 def apply_all() -> list[str]:

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -387,16 +388,20 @@ def build_times() -> dict[str, dict]:
         return {}
 
 
+_RECORD_LOCK = threading.Lock()  # prebuild's threads record their builds one at a time
+
+
 def _record_build(name: str, seconds: float) -> None:
     folder = _extension_folder(name)
     if folder is None:
         return
-    record = build_times()
-    record[name] = {"seconds": round(seconds, 1), "when": time.strftime("%Y-%m-%d %H:%M")}
-    path = folder.parent / BUILD_TIMES
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    with _RECORD_LOCK:
+        record = build_times()
+        record[name] = {"seconds": round(seconds, 1), "when": time.strftime("%Y-%m-%d %H:%M")}
+        path = folder.parent / BUILD_TIMES
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
 
 
 def build_op(name: str, timeout: int = 1800) -> OpStatus:

@@ -34,6 +34,7 @@ class FinetuneRun:
     wall_s: float
     peak_host_rss_bytes: int
     peak_gpu_allocated_bytes: int | None
+    offload: str = ""  # where the engine put the optimizer's states, as DeepSpeed reports it
     trace: list[dict] = field(default_factory=list)
 
     @property
@@ -60,15 +61,24 @@ class Watch:
             torch.cuda.reset_peak_memory_stats()
 
     def stop(self, wall_s: float, losses: list[float], step_seconds: list[float], skipped_steps: int,
-             tokens_per_step: int) -> FinetuneRun:
-        """The run as measured; ``losses`` and ``step_seconds`` come from the learner's loop."""
+             tokens_per_step: int, engine=None) -> FinetuneRun:
+        """The run as measured; ``losses`` and ``step_seconds`` come from the learner's loop, the
+        offload device from ``engine`` (DeepSpeed's own reading of the config)."""
         import torch
 
         phases = self._trace.stop()  # its peak takes the kernel's high-water mark where it rose
         peak = max(p["peak_bytes"] for p in phases)
         gpu = torch.cuda.max_memory_allocated() if self._cuda else None
         return FinetuneRun(list(losses), list(step_seconds), int(skipped_steps), tokens_per_step,
-                           wall_s, peak, gpu, phases)
+                           wall_s, peak, gpu, offload_of(engine), phases)
+
+
+def offload_of(engine) -> str:
+    """The device DeepSpeed offloads the optimizer's states to ("nvme", "cpu", "none"), as the
+    engine itself reads its config ("" without an engine)."""
+    offload = engine.zero_offload_optimizer() if engine is not None else None
+    device = getattr(offload, "device", None)
+    return str(getattr(device, "value", device) or ("none" if engine is not None else ""))
 
 
 def overflow_advice(run: FinetuneRun, precision: str, steps: int) -> str:
@@ -142,11 +152,11 @@ def takeaways(run: FinetuneRun, eval_before: float, eval_after: float, logit_dif
             " NVMe traffic over more tokens."]
 
 
-def summary(run: FinetuneRun, offload: str, nvme_ready: bool,
-            claims_held: list[claims.Claim]) -> str:
+def summary(run: FinetuneRun, nvme_ready: bool, claims_held: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on a T4 (notebook 06's checked output)."""
     expected = "nvme" if nvme_ready else "cpu"
     return "\n".join([
-        f"fine-tune offload is NVMe where libaio is ready, else CPU: {offload == expected}",
+        "the engine offloaded the optimizer to NVMe where libaio is ready, else to the CPU: "
+        f"{run.offload == expected}",
         f"fine-tune checks held: {claims.every(held for _, held in claims_held)}",
     ])

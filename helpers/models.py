@@ -295,15 +295,17 @@ def write_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os
 
 
 def hub_cached(name: str) -> bool:
-    """True when the Hugging Face cache (HF_HUB_CACHE) already holds ``name``'s config.json: then
+    """True when the Hugging Face cache (HF_HUB_CACHE) holds ``name``'s config.json and weights: then
     ``from_pretrained(name)`` loads it with no network, HF_HUB_OFFLINE=1 included."""
     from huggingface_hub import try_to_load_from_cache
 
-    try:  # HF_HUB_CACHE as set now (huggingface_hub reads it once, at import)
-        found = try_to_load_from_cache(name, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+    cache = os.environ.get("HF_HUB_CACHE")  # as set now (huggingface_hub reads it once, at import)
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    try:
+        found = [try_to_load_from_cache(name, f, cache_dir=cache) for f in ("config.json",) + weights]
     except Exception:  # not a valid repo id (a relative path that does not exist, say)
         return False
-    return isinstance(found, str)
+    return isinstance(found[0], str) and any(isinstance(f, str) for f in found[1:])
 
 
 def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,

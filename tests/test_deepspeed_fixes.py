@@ -176,3 +176,25 @@ def test_partial_offload_gpu_share_follows_the_schedule_only_with_the_fix():
     assert _gpu_share_step(deepspeeds_own, 1e-4) == pytest.approx(1e-2, rel=1e-3)
     assert _gpu_share_step(fixed, 1e-4) == pytest.approx(1e-4, rel=1e-3)
     assert deepspeed_fixes.fix_partial_offload_schedule() is False  # installed once
+
+
+def test_the_library_probe_uses_the_processs_own_stderr(monkeypatch):
+    """A kernel's sys.stderr has no usable file descriptor: DeepSpeed's probe then answers False
+    for libaio even where it links. With the fix the probe sees sys.__stderr__ and answers True."""
+    import io
+    import sys
+
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    from helpers import deepspeed_fixes, libaio
+
+    assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+    builder = ALL_OPS["async_io"]
+    kernel_like = io.StringIO()  # fileno() raises io.UnsupportedOperation, as a kernel stream can
+    monkeypatch.setattr(sys, "stderr", kernel_like)
+    original = getattr(OpBuilder.has_function, "__wrapped__", OpBuilder.has_function)
+    assert original(builder, "io_submit", ("aio",)) is False  # the bug
+    deepspeed_fixes.fix_library_probe_in_kernels()
+    assert builder.has_function("io_submit", ("aio",)) is True
+    assert sys.stderr is kernel_like  # put back afterwards

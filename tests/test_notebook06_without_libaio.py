@@ -34,4 +34,6 @@ def test_notebook_06_passes_without_libaio_and_says_what_it_left_out(tmp_path, m
     text = _stdout(tmp_path / "out" / NOTEBOOK.name)
     assert "NVMe ready: False" in text and "NVMe offload needs libaio: apt-get install -y libaio-dev" in text
     assert "offload: cpu" in text and "ZeRO-3 and cpu offload" in text
+    assert ("the engine offloaded the optimizer to NVMe where libaio is ready, else to the CPU: True"
+            in text)
     assert "fine-tune checks held: True" in text and "all checks held: True" in text

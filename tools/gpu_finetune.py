@@ -40,6 +40,9 @@ def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
         at = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
         cells.insert(at + 1, nbformat.v4.new_code_cell("# injected by tools/gpu_finetune.py\n"
                                                        + "\n".join(lines)))
+    # the part's own checks, asserted as the notebook's Checks cell would
+    cells.append(nbformat.v4.new_code_cell("from helpers import claims as kit_claims\n"
+                                           "kit_claims.assert_all(finetune_claims)"))
     nb.cells = cells
     return nb
 

@@ -8,7 +8,7 @@ W=/tmp/kit_gpu_s
 export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 case "$1" in
 start)
-  mkdir -p $W
+  mkdir -p $W; rm -f $W/jobs $W/*.done
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; df -h /tmp | tail -1
   t=$SECONDS
   for op in FusedAdamBuilder CPUAdamBuilder AsyncIOBuilder; do

@@ -22,11 +22,11 @@ if [ -n "$need" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing the system packages the kit needs:$need"
     log="${TMPDIR:-/tmp}/zero-kit-apt.log"
-    if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need) \
-        >"$log" 2>&1; then
-      echo "setup: apt-get could not install:$need (log: $log)"
-      tail -5 "$log"
-    fi
+    apt-get update -qq >"$log" 2>&1
+    for package in $need; do  # one at a time: a package this release lacks stops no other
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >>"$log" 2>&1 \
+        || { echo "setup: apt-get could not install $package (log: $log)"; tail -3 "$log"; }
+    done
   else
     echo "setup: missing system packages:$need. Install them with:"
     echo "    sudo apt-get install -y$need"
