@@ -8,6 +8,15 @@ helpers.train do). In your own project you need them only where the bug bites (s
 from __future__ import annotations
 
 _MARK = "_zero_kit_fixed"
+
+
+def _install(owner, name: str, fixed) -> bool:
+    """Put ``fixed`` in place of ``owner.name``, marked (so a second call sees the fix) and with the
+    original under ``__wrapped__``; True, for the fix functions to return."""
+    setattr(fixed, _MARK, True)
+    fixed.__wrapped__ = getattr(owner, name)
+    setattr(owner, name, fixed)
+    return True
 #: Elements checked at a time by :func:`inf_or_nan_in_slices` (16 Mi: 32 MiB of fp16 per check).
 OVERFLOW_SLICE_NUMEL = 1 << 24
 
@@ -46,10 +55,7 @@ def fix_zero_init_dtype() -> bool:
             self.dtype = (torch.float16 if accel.is_fp16_supported() else
                           torch.bfloat16 if accel.is_bf16_supported() else torch.float32)
 
-    setattr(_set_dtype, _MARK, True)
-    _set_dtype.__wrapped__ = original
-    Init._set_dtype = _set_dtype
-    return True
+    return _install(Init, "_set_dtype", _set_dtype)
 
 
 def inf_or_nan_in_slices(flat, slice_numel: int | None = None) -> bool:
@@ -99,10 +105,7 @@ def fix_stage3_overflow_check() -> bool:
         finally:
             self.grad_partitions_flat_buffer = flat
 
-    setattr(has_overflow, _MARK, True)
-    has_overflow.__wrapped__ = original
-    Stage3.has_overflow = has_overflow
-    return True
+    return _install(Stage3, "has_overflow", has_overflow)
 
 
 #: What :func:`fix_partial_offload_schedule` copies from the CPU optimizer's groups to the GPU's.
@@ -139,10 +142,7 @@ def fix_partial_offload_schedule() -> bool:
                     gpu_group.update({k: cpu_group[k] for k in SCHEDULED_KEYS if k in cpu_group})
         return original(self, sub_group_id)
 
-    setattr(_optimizer_step, _MARK, True)
-    _optimizer_step.__wrapped__ = original
-    Stage3._optimizer_step = _optimizer_step
-    return True
+    return _install(Stage3, "_optimizer_step", _optimizer_step)
 
 
 def fix_library_probe_in_kernels() -> bool:
@@ -172,10 +172,7 @@ def fix_library_probe_in_kernels() -> bool:
         finally:
             sys.stderr = shown
 
-    setattr(has_function, _MARK, True)
-    has_function.__wrapped__ = original
-    OpBuilder.has_function = has_function
-    return True
+    return _install(OpBuilder, "has_function", has_function)
 
 
 #: Every workaround, by what it does: :func:`apply_all` installs them in this order.
