@@ -22,6 +22,13 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
+# pytest-xdist's workers share the cores: each process (and what it starts: notebook kernels, runs)
+# gets its share of threads, as OpenMP threads beyond the cores only spin (a 2-rank test: 25% slower).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+
 import pytest
 
 # Under CI a skipped test fails the run (tools/ci_rules.py).

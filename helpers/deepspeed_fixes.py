@@ -7,6 +7,9 @@ helpers.train do). In your own project you need them only where the bug bites (s
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 _MARK = "_zero_kit_fixed"
 
 
@@ -175,11 +178,73 @@ def fix_library_probe_in_kernels() -> bool:
     return _install(OpBuilder, "has_function", has_function)
 
 
+def _cpu_key() -> str:
+    """What py-cpuinfo's answer depends on, without the lines that change (the clock): the
+    vendor, model and flags of each CPU in /proc/cpuinfo, and the machine's architecture."""
+    import hashlib
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    kept = sorted({line for line in lines
+                   if line.split(":")[0].strip() in {"vendor_id", "model name", "flags", "Features"}})
+    return hashlib.sha256("\n".join([platform.machine(), *kept]).encode()).hexdigest()[:16]
+
+
+def fix_cpu_info_once(folder: str | os.PathLike | None = None) -> bool:
+    """Ask py-cpuinfo once per machine, not twice per op load (DeepSpeed 0.19).
+
+    ``OpBuilder.cpu_arch`` and ``OpBuilder.simd_width`` (ops/op_builder/builder.py) each call
+    ``cpuinfo.get_cpu_info()``, which starts a Python subprocess to read the CPU: about 1.2 s on 2
+    cores, so loading one compiled op takes 2.5 s and a run that loads two takes 5 s before it
+    trains, in every process. The fix keeps the answer for the process and in a JSON file in
+    ``folder`` (default: ``TORCH_EXTENSIONS_DIR``, where the ops it describes are kept), keyed by
+    the CPU's model and flags, so that later processes on the machine read it. The answer is the
+    same, so the compile flags (``-march``, SIMD width) and the ops' builds stay as they were.
+
+    Returns True when this call installed the fix, False when it was already in place.
+    """
+    import json
+
+    import cpuinfo
+
+    if getattr(cpuinfo.get_cpu_info, _MARK, False):
+        return False
+    original = cpuinfo.get_cpu_info
+    folder = folder or os.environ.get("TORCH_EXTENSIONS_DIR")
+    path = (Path(folder) / f"zero-kit-cpuinfo-{cpuinfo.CPUINFO_VERSION_STRING}-{_cpu_key()}.json"
+            if folder else None)
+    kept: dict = {}
+
+    def get_cpu_info():
+        if not kept and path is not None and path.is_file():
+            try:
+                kept.update(json.loads(path.read_text()))
+            except ValueError:  # a torn file: ask again
+                pass
+        if not kept:
+            kept.update(original())
+            if path is not None:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+                    scratch.write_text(json.dumps(kept))
+                    os.replace(scratch, path)
+                except OSError:  # a read-only cache: this process still keeps its answer
+                    pass
+        return dict(kept)
+
+    return _install(cpuinfo, "get_cpu_info", get_cpu_info)
+
+
 #: Every workaround, by what it does: :func:`apply_all` installs them in this order.
 FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check),
          ("partial offload's GPU part follows the learning-rate schedule", fix_partial_offload_schedule),
-         ("DeepSpeed's libaio probe works inside a notebook kernel", fix_library_probe_in_kernels))
+         ("DeepSpeed's libaio probe works inside a notebook kernel", fix_library_probe_in_kernels),
+         ("the CPU is read once per machine, not twice per op load", fix_cpu_info_once))
 
 
 def apply_all() -> list[str]:

@@ -325,15 +325,65 @@ def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
                            + (done.stderr.strip().splitlines() or ["no output"])[-1])
 
 
+def kit_cache_dir() -> Path:
+    """The kit's cache on this machine, shared by every clone (``ZERO_KIT_CACHE`` or
+    ~/.cache/zero-kit): the Makefile's environment and DeepSpeed's ops live there too."""
+    return Path(os.environ.get("ZERO_KIT_CACHE") or Path.home() / ".cache" / "zero-kit")
+
+
+def stand_in_key(shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -> str:
+    """A pretrained stand-in's folder name: its arguments, and a digest of what makes its weights
+    (this module, helpers/data.py, torch's and transformers' versions), so that a change to any
+    of them writes a new one."""
+    import hashlib
+
+    import torch
+    import transformers
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in (here / "models.py", here / "data.py"):
+        digest.update(source.read_bytes())
+    digest.update(f"{torch.__version__} {transformers.__version__}".encode())
+    return (f"offline-{shape}-seed{seed}-{'vocab' if keep_vocab else 'tok'}-"
+            f"pretrained{pretrain_steps}-{digest.hexdigest()[:10]}")
+
+
+def _save_once(folder: Path, shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -> None:
+    """Write the stand-in beside ``folder``, then rename it into place, under a lock: a second run
+    side by side (nbval's other worker) waits for the first and reads its folder, never a
+    half-written one; where locks do not hold, the later rename loses, harmlessly."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (folder / "config.json").is_file():  # written while this run waited
+            return
+        scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            _save_in_a_subprocess(scratch / "model", shape, seed, keep_vocab, pretrain_steps)
+            try:
+                os.rename(scratch / "model", folder)
+            except OSError:  # another run put its copy there first
+                if not (folder / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0,
                   keep_vocab: bool = False, pretrain_steps: int = 0) -> tuple[str, str]:
     """(what ``from_pretrained`` should load, a one-line note saying why).
 
     A local folder is used as given (an absolute path with no folder is refused); a Hub name when
     this machine's Hugging Face cache holds it or the Hub answers; otherwise (no name, or
-    no network: CI and the GPU machine have none) a model folder written here by
+    no network: CI and the GPU machine have none) a model folder written by
     :func:`helpers.models.save_offline_model` (``keep_vocab`` and ``pretrain_steps`` passed on),
-    which loads exactly as a Hub checkpoint would.
+    which loads exactly as a Hub checkpoint would: into ``work_dir``, or, when pretrained, once
+    per machine into :func:`kit_cache_dir` (the pretraining takes minutes on 2 cores).
     """
     if name and Path(name).is_dir():
         return str(name), f"model: the local folder {name}"
@@ -344,9 +394,14 @@ def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, see
         return str(name), f"model: {name} from this machine's Hugging Face cache"
     if name and hub_reachable():
         return str(name), f"model: {name} from the Hugging Face Hub"
-    folder = Path(work_dir) / f"offline-{shape}"
-    if not (folder / "config.json").is_file():
-        _save_in_a_subprocess(folder, shape, seed, keep_vocab, pretrain_steps)
+    if pretrain_steps:  # minutes of training on 2 cores: done once per machine, then reused
+        folder = kit_cache_dir() / "models" / stand_in_key(shape, seed, keep_vocab, pretrain_steps)
+        if not (folder / "config.json").is_file():
+            _save_once(folder, shape, seed, keep_vocab, pretrain_steps)
+    else:
+        folder = Path(work_dir) / f"offline-{shape}"
+        if not (folder / "config.json").is_file():
+            _save_in_a_subprocess(folder, shape, seed, keep_vocab, pretrain_steps)
     why = (f"{name!r} is not a folder and the Hub cannot be reached" if name
            else "no MODEL_NAME was set")
     weights = (f"pretrained here for {pretrain_steps} steps on the kit's corpus" if pretrain_steps

@@ -198,3 +198,47 @@ def test_the_library_probe_uses_the_processs_own_stderr(monkeypatch):
     deepspeed_fixes.fix_library_probe_in_kernels()
     assert builder.has_function("io_submit", ("aio",)) is True
     assert sys.stderr is kernel_like  # put back afterwards
+
+
+# One fresh process per case: DeepSpeed's CPU op builders ask py-cpuinfo for the CPU's arch and
+# flags twice per op load. Prints the number of real asks and the compile flags the builder made.
+CPU_INFO_PROBE = r"""
+import json, sys
+import cpuinfo
+from deepspeed.ops.op_builder.all_ops import ALL_OPS
+from helpers import deepspeed_fixes
+real, asked = cpuinfo.get_cpu_info, []
+def counted():
+    asked.append(1)
+    if sys.argv[2] == "broken":
+        raise RuntimeError("asked again")
+    return real()
+cpuinfo.get_cpu_info = counted
+if sys.argv[1] != "none":
+    assert deepspeed_fixes.fix_cpu_info_once(sys.argv[1]) is True
+    assert deepspeed_fixes.fix_cpu_info_once(sys.argv[1]) is False
+flags = [ALL_OPS[name].cxx_args() for name in ("cpu_adam", "fused_adam")]
+print("RESULT", json.dumps({"asked": len(asked), "flags": flags}))
+"""
+
+
+def _cpu_info_probe(folder: str, mode: str = "real") -> dict:
+    done = subprocess.run([sys.executable, "-c", CPU_INFO_PROBE, folder, mode], capture_output=True,
+                          text=True, timeout=300, cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_the_cpu_is_read_once_per_machine_and_the_compile_flags_stay_the_same(tmp_path):
+    """Without the fix two op builders ask py-cpuinfo four times (a subprocess each, ~1.2 s); with
+    it the first process asks once and writes the answer, the next asks never (asking would fail
+    here); every process gets the same -march and SIMD flags, so no op is rebuilt."""
+    deepspeeds_own = _cpu_info_probe("none")
+    assert deepspeeds_own["asked"] == 4  # the cost; when DeepSpeed caches it, drop the fix
+    first = _cpu_info_probe(str(tmp_path))
+    assert first["asked"] == 1 and len(list(tmp_path.glob("zero-kit-cpuinfo-*.json"))) == 1
+    later = _cpu_info_probe(str(tmp_path), "broken")
+    assert later["asked"] == 0
+    assert deepspeeds_own["flags"] == first["flags"] == later["flags"]
+    assert any(flag.startswith("-march") or "AVX" in flag for flag in first["flags"][0])

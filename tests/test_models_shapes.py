@@ -3,6 +3,7 @@ attention, rotary) built offline from a transformers config, sized like the real
 everywhere a GPT-2 shape is (model_config, ModelInfo, the offline model folder, bench)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,3 +263,66 @@ def test_a_pretrained_stand_in_starts_below_ln_vocab_and_keeps_the_real_vocabula
                 models.save_offline_model(tmp_path / f"q{keep}", "qwen2.5-0.5b-shaped", keep_vocab=keep)
     # the checkpoint's own vocabulary, or the offline tokenizer's
     assert seen == [151936, len(models.offline_tokenizer())]
+
+
+def test_a_pretrained_stand_in_is_written_once_per_machine_and_rewritten_when_its_recipe_changes(
+        tmp_path, monkeypatch):
+    """Notebook 06's smoke stand-in (minutes of pretraining on 2 cores) comes from the kit's cache
+    the second time; another step count is another folder; a run that loses the race to write
+    it reads the winner's copy and leaves no scratch folder behind."""
+    written = []
+
+    def fake_save(folder, shape, seed, keep_vocab, pretrain_steps):
+        written.append((shape, pretrain_steps))
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+
+    monkeypatch.setenv("ZERO_KIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_save_in_a_subprocess", fake_save)
+    first, note = models.resolve_model(None, tmp_path / "a", "llama-mini", pretrain_steps=100)
+    again, _ = models.resolve_model(None, tmp_path / "b", "llama-mini", pretrain_steps=100)
+    assert first == again and written == [("llama-mini", 100)]
+    assert first.startswith(str(tmp_path / "cache" / "models")) and "pretrained here" in note
+    other, _ = models.resolve_model(None, tmp_path / "a", "llama-mini", pretrain_steps=50)
+    assert other != first and len(written) == 2
+    fresh, _ = models.resolve_model(None, tmp_path / "a", "llama-mini")  # not pretrained: not cached
+    assert fresh == str(tmp_path / "a" / "offline-llama-mini")
+    # the race: the folder appears while this run writes its own copy
+    target = Path(models.kit_cache_dir() / "models"
+                  / models.stand_in_key("llama-mini", 1, False, 100))
+
+    def racing_save(folder, *args):
+        fake_save(folder, *args)
+        fake_save(target, *args)
+
+    monkeypatch.setattr(models, "_save_in_a_subprocess", racing_save)
+    assert models.resolve_model(None, tmp_path, "llama-mini", seed=1, pretrain_steps=100)[0] == str(target)
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".") and p.is_dir()] == []
+
+
+def test_a_second_run_waits_for_the_first_writer_of_a_stand_in_and_does_not_pretrain_again(
+        tmp_path, monkeypatch):
+    """Two runs side by side (nbval's two workers: notebook 06 and its no-libaio twin) pretrain
+    the stand-in once: the second waits on the lock, then reads the first's folder."""
+    import threading
+    import time
+
+    written, started = [], threading.Event()
+
+    def slow_save(folder, shape, seed, keep_vocab, pretrain_steps):
+        started.set()
+        time.sleep(1.0)
+        written.append(shape)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+
+    monkeypatch.setenv("ZERO_KIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_save_in_a_subprocess", slow_save)
+    found = []
+    first = threading.Thread(target=lambda: found.append(
+        models.resolve_model(None, tmp_path, "llama-mini", pretrain_steps=100)[0]))
+    first.start()
+    started.wait(10)
+    found.append(models.resolve_model(None, tmp_path, "llama-mini", pretrain_steps=100)[0])
+    first.join(10)
+    assert written == ["llama-mini"] and len(found) == 2 and found[0] == found[1]

@@ -18,9 +18,31 @@ def test_runner_keeps_outputs_and_reports(tmp_path, capsys):
     bad = _notebook(tmp_path / "b_bad.ipynb", ["raise ValueError('broken on purpose')", "print('after')"])
     out = tmp_path / "build"
     assert run_tutorial.main([str(good), str(bad), "--out", str(out), "--timeout", "120"]) == 1
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["a_good", "passed"]
-    assert lines[1].split()[:2] == ["b_bad", "FAILED:"] and "broken on purpose" in lines[1]
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["a_good"].split()[1] == "passed"
+    assert lines["b_bad"].split()[1] == "FAILED:" and "broken on purpose" in lines["b_bad"]
     executed = nbformat.read(out / "a_good.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "42\n"
     assert (out / "a_good.html").exists()
+
+
+def test_two_notebooks_run_side_by_side_and_the_slowest_of_the_last_run_goes_first(tmp_path, capsys):
+    """Each notebook writes when it ran; with --jobs 2 the two spans overlap. The timings kept
+    from this run put the slower notebook first next time."""
+    code = ("import json, time; start = time.time(); time.sleep({s}); "
+            "open({log!r}, 'a').write(json.dumps([{name!r}, start, time.time()]) + '\\n')")
+    log = tmp_path / "spans.jsonl"
+    paths = [_notebook(tmp_path / f"{name}.ipynb", [code.format(s=s, log=str(log), name=name)])
+             for name, s in (("a_quick", 2), ("b_slow", 4))]
+    out = tmp_path / "build"
+    assert run_tutorial.main([*map(str, paths), "--out", str(out), "--jobs", "2"]) == 0
+    import json
+
+    spans = {name: (start, end) for name, start, end in map(json.loads, log.read_text().splitlines())}
+    (a_start, a_end), (b_start, b_end) = spans["a_quick"], spans["b_slow"]
+    assert a_start < b_end and b_start < a_end, spans  # they overlapped
+    assert "2 notebooks, 2 at a time" in capsys.readouterr().out
+    timings = json.loads((out / "timings.json").read_text())
+    assert timings["b_slow"] > timings["a_quick"]
+    assert [p.stem for p in run_tutorial.slowest_first(paths, timings)] == ["b_slow", "a_quick"]
+    assert [p.stem for p in run_tutorial.slowest_first(paths, {"a_quick": 1.0})] == ["b_slow", "a_quick"]

@@ -1,19 +1,25 @@
 """Run the whole tutorial headless: every notebook in order, executed copies kept under build/.
 
-    python tools/run_tutorial.py [--out build/tutorial] [--timeout 3600] [NOTEBOOK ...]
+    python tools/run_tutorial.py [--out build/tutorial] [--timeout 3600] [--jobs N] [NOTEBOOK ...]
 
 Each notebook runs in a fresh kernel started in notebooks/ (as Jupyter would), in smoke mode on a
 machine without a GPU and in full mode on one (``KIT_EMULATE=t4`` to emulate a Colab T4). The
 executed copy, plots included, is written to ``OUT/NAME.ipynb`` and as HTML beside it; one line
 per notebook says passed or failed and how long it took. Exits 1 if any notebook failed.
+
+Without a GPU, two notebooks run side by side (``--jobs``; the machines have 2 cores), the
+slowest of the last run first (``OUT/timings.json``); with one, one at a time, so that each
+notebook's measurements have the GPU to themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +83,20 @@ def left_out() -> list[str]:
             f"their NVMe rows as not run. To run them: sudo {libaio.LIBAIO_APT}"]
 
 
+def default_jobs() -> int:
+    """Notebooks side by side: one with a GPU (its measurements need the GPU to themselves),
+    else one per core, at most two (each notebook's own runs use two processes at times)."""
+    import torch
+
+    return 1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1))
+
+
+def slowest_first(paths: list[Path], timings: dict[str, float]) -> list[Path]:
+    """The notebooks ordered by their last run's time, longest first (unknown ones first, in
+    order): two workers then finish close together."""
+    return sorted(paths, key=lambda p: -timings.get(p.stem, float("inf")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="*")
@@ -84,16 +104,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
     parser.add_argument("--check", action="store_true",
                         help="also compare '# NBVAL_CHECK_OUTPUT' cells with their stored output, as nbval does")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="notebooks run side by side (default: 2 without a GPU, 1 with one)")
     args = parser.parse_args(argv)
     # DeepSpeed's compiled ops: one cache per machine, shared by every clone (the Makefile's default)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR",
                           os.path.expanduser("~/.cache/zero-kit/torch_extensions"))
+    out = Path(args.out)
+    timings_file = out / "timings.json"
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    paths = notebook_paths(args.notebooks)
+    jobs = args.jobs or default_jobs()
+    if jobs > 1:  # the notebooks share the cores: OpenMP threads beyond them only spin
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    started = time.perf_counter()
+
+    def run(path: Path) -> tuple[Path, bool, float, str]:
+        return (path, *run_one(path, out, args.timeout, args.check))
+
     failed = 0
-    for path in notebook_paths(args.notebooks):
-        ok, seconds, error = run_one(path, Path(args.out), args.timeout, args.check)
-        failed += not ok
-        status = "passed" if ok else f"FAILED: {error}"
-        print(f"{path.stem:32s} {status:8s} {seconds:7.1f} s", flush=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = [pool.submit(run, path) for path in slowest_first(paths, timings)]
+        for done in as_completed(runs):
+            path, ok, seconds, error = done.result()
+            failed += not ok
+            timings[path.stem] = round(seconds, 1)
+            status = "passed" if ok else f"FAILED: {error}"
+            print(f"{path.stem:32s} {status:8s} {seconds:7.1f} s", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    timings_file.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    print(f"{len(paths)} notebooks, {jobs} at a time: {time.perf_counter() - started:.0f} s")
     print(f"executed copies in {args.out}")
     for line in left_out():
         print(f"left out: {line}")
