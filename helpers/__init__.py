@@ -6,9 +6,9 @@ package never pulls in torch or DeepSpeed by itself.
 The layers, bottom first. A module imports only from layers below its own (tests/test_layers.py
 enforces it, lazy imports inside functions included), so there are no import cycles:
 
-0. units, tables, cli, colab, deepspeed_fixes, data, accounting, rss_trace: formatting, command
+0. show, cli, colab, deepspeed_fixes, data, accounting, rss_trace: formatting, command
    lines, installs, text, the bytes a DeepSpeed rank holds, host RAM per phase of a run
-1. claims, plots, models, verdict, parallel_models: the shared check rules, figures, model shapes
+1. claims, models, verdict, parallel_models: the shared check rules, figures, model shapes
    and offline checkpoints, the three-way memory verdict (fits / tight / does not fit), notebook
    08's models (a GPT as pipeline layers, a mixture-of-experts GPT) and training steps
 2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
@@ -27,9 +27,9 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 
 #: The layers above, as data (bottom first): what tests/test_layers.py checks.
 LAYERS: list[list[str]] = [
-    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data", "accounting",
+    ["show", "cli", "colab", "deepspeed_fixes", "data", "accounting",
      "rss_trace"],
-    ["claims", "plots", "models", "verdict", "parallel_models"],
+    ["claims", "models", "verdict", "parallel_models"],
     ["env", "libaio"],
     ["dist", "memory"],
     ["config_check"],

@@ -22,9 +22,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from helpers import accounting, dist, rss_trace, units
+from helpers import accounting, dist, rss_trace, show
 from helpers import env as kit_env
-from helpers.tables import Table
+from helpers.show import Table
 
 OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", kit_env.OUT_OF_GPU_MEMORY, "killed for host RAM", "timeout", "error"
 FAKE_OOM_ENV = "KIT_BENCH_FAKE_OOM"  # test hook: the worker raises an out-of-memory error at step 0
@@ -97,11 +97,11 @@ def _oom_message(text: str, cap_bytes: int | None = None) -> str:
         msg += " (simulated on CPU)" if "on CPU" in text else " (simulated)"
     if torch.cuda.is_available():
         device = torch.cuda.current_device()
-        held = torch.cuda.memory_allocated(device) / units.GiB
+        held = torch.cuda.memory_allocated(device) / show.GiB
         emulated = kit_env.resolve_emulation()
         limit = min(b for b in (cap_bytes, emulated and emulated.gpu_bytes,
                                 torch.cuda.get_device_properties(device).total_memory) if b)
-        msg += f" with {held:.2f} GiB in use, limit {limit / units.GiB:.1f} GiB"
+        msg += f" with {held:.2f} GiB in use, limit {limit / show.GiB:.1f} GiB"
     return msg
 
 
@@ -442,10 +442,10 @@ RESULT_COLUMNS = ["status", "peak GPU GiB", "peak host RSS GiB", "NVMe GiB", "s/
 def result_cells(r: RunResult, width: int = 80) -> tuple[str, ...]:
     """One run as table cells (see RESULT_COLUMNS): status, peaks, step time, tokens/s, first -> last
     loss. Every table of runs (bench, matrix, ladder) writes them the same way; no NVMe files is "-"."""
-    return (units.status_cell(r.status, r.message, OK, width), units.gib(r.peak_gpu_allocated_bytes),
-            units.gib(r.peak_host_rss_bytes or None), units.gib(r.peak_nvme_bytes or None),
-            units.seconds(r.median_step_s), "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
-            units.loss_cell(r.losses))
+    return (show.status_cell(r.status, r.message, OK, width), show.gib(r.peak_gpu_allocated_bytes),
+            show.gib(r.peak_host_rss_bytes or None), show.gib(r.peak_nvme_bytes or None),
+            show.seconds(r.median_step_s), "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+            show.loss_cell(r.losses))
 
 
 def results_table(results: list[RunResult]) -> Table:

@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import env as kit_env
 from helpers.config_check import (OFFLOAD_DEVICES, PIN_MEMORY_MIN_RAM, PRECISIONS,  # noqa: F401 (re-exported)
                                   ConfigError, Problem, check)
-from helpers.tables import Table
+from helpers.show import Table
 
 def _config_dir() -> Path:
     """configs/ of the repository; after ``pip install .`` the copy installed as helpers.configs."""

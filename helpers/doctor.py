@@ -28,7 +28,7 @@ from helpers import claims
 from helpers import env as kit_env
 from helpers import libaio
 from helpers import memory
-from helpers.tables import Table
+from helpers.show import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What each op the kit uses is for.

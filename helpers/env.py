@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import colab
-from helpers.tables import Table
-from helpers import units
-from helpers.units import GB, GiB
+from helpers.show import Table, GB, GiB
+from helpers import show
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The status a run gets when the GPU runs out of memory (helpers.bench and helpers.train).
@@ -230,7 +229,7 @@ class Environment:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, note) rows: the environment table."""
-        gib = lambda b: "-" if b is None else f"{units.gib(b, 1)} GiB"
+        gib = lambda b: "-" if b is None else f"{show.gib(b, 1)} GiB"
         emu = self.emulation
         cap_note = f"capped at {emu.label}'s {emu.gpu_bytes / GiB:.0f} GiB" if emu and self.has_gpu else ""
         real_cc = self.real_capability

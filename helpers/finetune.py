@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 from helpers import claims, rss_trace
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import GB, GiB
+from helpers.show import Table, GB, GiB
 
 #: Reloaded 16-bit weights give the trained model's logits up to this much (fp32 runs: 1e-3).
 RELOAD_TOL = {"fp32": 1e-3, "bf16": 0.1, "fp16": 5e-2}

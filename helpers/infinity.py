@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, config, memory, units
-from helpers.units import GiB
+from helpers import bench, claims, config, memory, show
+from helpers.show import GiB, Table
 from helpers import env as kit_env
-from helpers.tables import Table
 
 #: NVMe bytes per parameter measured for GPT-2 XL with parameters and optimizer on NVMe (26.3 GiB
 #: for 1.56B: fp16 weights, fp32 master weights, Adam's moments, gradient swap space).
@@ -210,8 +209,8 @@ def largest_table(rungs: list[Rung]) -> Table:
         if r is None:
             rows.append((method, "none", "-", "-", "-", "-"))
         else:
-            rows.append((method, r.shape, f"{r.n_params / 1e6:,.0f}M", units.seconds(r.result.median_step_s),
-                         units.gib(r.result.peak_gpu_allocated_bytes), units.gib(r.result.peak_host_rss_bytes)))
+            rows.append((method, r.shape, f"{r.n_params / 1e6:,.0f}M", show.seconds(r.result.median_step_s),
+                         show.gib(r.result.peak_gpu_allocated_bytes), show.gib(r.result.peak_host_rss_bytes)))
     return Table(["method", "largest trained", "parameters", "s/step", "GPU GiB", "host RSS GiB"], rows,
                  title="The largest model per method")
 
@@ -272,10 +271,10 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
         bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s)
         step = r.result.median_step_s
         peaks = phase_peaks(r.result)
-        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", units.seconds(step), units.seconds(bound),
+        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", show.seconds(step), show.seconds(bound),
                      f"{step / bound:.1f}x" if step and bound else "-",
-                     *(units.gib(peaks.get(name)) for name, _ in RSS_PHASES),
-                     units.gib(r.result.peak_host_rss_bytes or None)))
+                     *(show.gib(peaks.get(name)) for name, _ in RSS_PHASES),
+                     show.gib(r.result.peak_host_rss_bytes or None)))
     return Table(["model", "parameters", "s/step", "disk bound s", "vs bound",
                   *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)"], rows,
                  title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")

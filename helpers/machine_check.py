@@ -11,8 +11,7 @@ from pathlib import Path
 from helpers import claims, colab, dist, memory
 from helpers import verdict as fit
 from helpers.env import Environment
-from helpers.tables import Table
-from helpers.units import GB, GiB
+from helpers.show import Table, GB, GiB
 
 
 def check_gpu_cap(environment: Environment) -> bool | None:

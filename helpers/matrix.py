@@ -12,10 +12,9 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from helpers import bench, claims, config, libaio, memory, units
+from helpers import bench, claims, config, libaio, memory, show
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import GiB
+from helpers.show import Table, GiB
 
 #: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
 CONFIGS: list[tuple[str, dict]] = [
@@ -80,16 +79,16 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
 
 def table(rows: list[Row], environment: kit_env.Environment) -> Table:
     """Measured and predicted side by side, with the T4-sized limits."""
-    gib = units.gib
+    gib = show.gib
     out = []
     for r in rows:
         res, est = r.result, r.estimate
-        out.append((r.label, units.status_cell(res.status, res.message, bench.OK, 70),
+        out.append((r.label, show.status_cell(res.status, res.message, bench.OK, 70),
                     gib(res.peak_gpu_allocated_bytes), gib(est.total("gpu")) if est and environment.has_gpu else "-",
                     gib(res.peak_host_rss_bytes or None), gib(est.total("cpu")) if est else "-",
                     gib(res.peak_nvme_bytes or None),
-                    units.seconds(res.median_step_s),
-                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", units.loss_cell(res.losses, 4)))
+                    show.seconds(res.median_step_s),
+                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", show.loss_cell(res.losses, 4)))
     return Table(["config", "status", "GPU GiB", "GPU predicted", "host RSS GiB", "host predicted", "NVMe GiB",
                   "s/step", "tokens/s", "loss first -> last"], out,
                  title=f"ZeRO stages and offload, {environment.measured_on()}")
@@ -98,24 +97,24 @@ def table(rows: list[Row], environment: kit_env.Environment) -> Table:
 def plot(rows: list[Row], environment: kit_env.Environment):
     """Four figures: GPU memory against the T4's 15 GiB, host RAM against Colab's 12.7 GB, seconds per
     step, loss curves."""
-    from helpers import plots
+
 
     labels = [r.label for r in rows]
     figures = []
     if environment.has_gpu:
-        figures.append(plots.memory_bars(
+        figures.append(show.memory_bars(
             labels, [(r.result.peak_gpu_allocated_bytes or 0) / GiB or None for r in rows],
             [r.estimate.total("gpu") / GiB if r.estimate else None for r in rows],
             (environment.gpu_cap_bytes or environment.vram_total_bytes) / GiB, "Peak GPU memory",
             "this GPU's limit" if not environment.emulation else "T4: 15 GiB"))
-    figures.append(plots.memory_bars(
+    figures.append(show.memory_bars(
         labels, [(r.result.peak_host_rss_bytes or 0) / GiB or None for r in rows],
         [r.estimate.total("cpu") / GiB if r.estimate else None for r in rows],
         kit_env.EMULATIONS["t4"].ram_budget_bytes / GiB, "Peak host RAM (RSS of the run's processes)",
         "free Colab: 12.7 GB"))
-    figures.append(plots.step_times(labels, [r.result.median_step_s for r in rows],
+    figures.append(show.step_times(labels, [r.result.median_step_s for r in rows],
                                     "Seconds per step (median, first step left out)"))
-    figures.append(plots.loss_curves({r.label: r.result.losses for r in rows if r.result.losses},
+    figures.append(show.loss_curves({r.label: r.result.losses for r in rows if r.result.losses},
                                      "Same model, data and seed: the loss per step of every config"))
     return figures
 
@@ -240,7 +239,7 @@ def _rank_bytes(row: Row, kind: str) -> list[int]:
 def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environment) -> Table:
     """What one rank holds with 1 rank and with 2, per config: ZeRO's fractions, measured."""
     solo = {r.label: r for r in one}
-    mib, gib = units.mib, units.gib
+    mib, gib = show.mib, show.gib
     rows = []
     for r in two:
         s = solo.get(r.label)
@@ -254,8 +253,8 @@ def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environm
             peaks = [x.get("peak_gpu_allocated_bytes") for x in r.result.ranks]
             cells += [f"{gib(peak_one)} -> {' / '.join(gib(p) for p in peaks) or '-'}",
                       gib(r.estimate.total("gpu")) if r.estimate else "-"]
-        status = units.status_cell(r.result.status, r.result.message, bench.OK, 60)
-        loss = units.loss_cell(r.result.losses, 4)
+        status = show.status_cell(r.result.status, r.result.message, bench.OK, 60)
+        loss = show.loss_cell(r.result.losses, 4)
         rows.append((r.label, status, *cells, loss))
     head = ["config", "status", "optimizer MiB/rank (1 -> 2 ranks)", "gradients MiB/rank", "parameters MiB/rank"]
     if environment.has_gpu:
@@ -269,8 +268,8 @@ def ranks_table(rows: list[Row]) -> Table:
     for r in rows:
         for x in r.result.ranks:
             peak = x.get("peak_gpu_allocated_bytes")
-            out.append((r.label, x.get("rank"), *(units.mib(x.get(k) or 0) for k in PARTITIONED_FROM),
-                        units.gib(peak)))
+            out.append((r.label, x.get("rank"), *(show.mib(x.get(k) or 0) for k in PARTITIONED_FROM),
+                        show.gib(peak)))
     return Table(["config", "rank", "optimizer MiB", "gradients MiB", "parameters MiB", "peak GPU GiB"], out,
                  title="Per rank")
 

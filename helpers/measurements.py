@@ -13,8 +13,7 @@ from pathlib import Path
 
 from helpers import bench, claims, matrix, memory, verdict
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import gib
+from helpers.show import Table, gib
 
 MEASUREMENTS = Path(__file__).resolve().parent / "memory_measurements.json"
 #: The issue's bar on the validation half: peak GPU within 10%, host RSS within 15%.

@@ -23,10 +23,9 @@ import copy
 import math
 from dataclasses import dataclass
 
-from helpers import bench, claims, config, matrix, memory, units
+from helpers import bench, claims, config, matrix, memory, show
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import GiB
+from helpers.show import Table, GiB
 
 PLAIN = "ZeRO-2 + CPU offload"
 #: The fraction of the optimizer that partial offload leaves on the CPU (the rest is on the GPU).
@@ -102,10 +101,10 @@ def table(variants: list[Variant], environment: kit_env.Environment) -> Table:
         up = speedup(v, variants)
         gap = (f"{r.losses[-1] - plain.losses[-1]:+.3f}" if plain and plain.losses and r.losses
                and r.status == bench.OK else "-")
-        rows.append((v.shape, v.name, units.status_cell(r.status, r.message, bench.OK, 70),
-                     units.seconds(r.median_step_s), "-" if up is None else f"{up:.2f}x",
-                     units.gib(r.peak_gpu_allocated_bytes), units.gib(r.peak_host_rss_bytes or None),
-                     units.loss_cell(r.losses), gap))
+        rows.append((v.shape, v.name, show.status_cell(r.status, r.message, bench.OK, 70),
+                     show.seconds(r.median_step_s), "-" if up is None else f"{up:.2f}x",
+                     show.gib(r.peak_gpu_allocated_bytes), show.gib(r.peak_host_rss_bytes or None),
+                     show.loss_cell(r.losses), gap))
     return Table(["model", "variant", "status", "s/step", "speed-up", "GPU GiB", "host RSS GiB", "loss",
                   "last loss vs plain"], rows, title=f"Faster offload, {environment.measured_on()}")
 

@@ -21,9 +21,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from helpers import bench, claims, dist, matrix, units
+from helpers import bench, claims, dist, matrix, show
 from helpers import env as kit_env
-from helpers.tables import Table
+from helpers.show import Table
 
 KINDS = ("dense", "pipeline", "moe", "autotp", "refusals")
 
@@ -732,7 +732,7 @@ def refusal_table(result: bench.RunResult) -> Table:
     found = {r["combination"]: r for r in (result.ranks[0].get("refusals", [])
                                            if result.ranks else [])}
     rows = [(name, found.get(name, {}).get("refused"), found.get(name, {}).get("error") or
-             units.status_cell(result.status, result.message, bench.OK, 80), why)
+             show.status_cell(result.status, result.message, bench.OK, 80), why)
             for name, (_, why) in REFUSALS.items()]
     return Table(["combination", "refused", "DeepSpeed says", "why (the kit's explanation)"], rows,
                  title="Combinations DeepSpeed refuses (tried in a fresh process, errors caught)")
@@ -751,13 +751,13 @@ def runs_table(runs: dict, title: str, environment: kit_env.Environment) -> Tabl
         idle = idle_fraction(r)
         m = r.ranks[0].get("micro_batches") if r.ranks and label.startswith("pipeline") else None
         theory = f"{bubble_theory(2, m):.0%}" if m else "-"
-        rows.append((label, units.status_cell(r.status, r.message, bench.OK, 70), r.world_size,
+        rows.append((label, show.status_cell(r.status, r.message, bench.OK, 70), r.world_size,
                      _per_rank(r, "n_params"),
-                     _per_rank(r, "peak_gpu_allocated_bytes", units.gib) if environment.has_gpu
-                     else "-", units.seconds(r.median_step_s),
+                     _per_rank(r, "peak_gpu_allocated_bytes", show.gib) if environment.has_gpu
+                     else "-", show.seconds(r.median_step_s),
                      "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
                      "-" if idle is None else f"{idle:.0%} (theory {theory})",
-                     units.loss_cell(r.losses, 4)))
+                     show.loss_cell(r.losses, 4)))
     return Table(["run", "status", "ranks", "parameters per rank", "peak GPU GiB per rank",
                   "s/step", "tokens/s", "idle share of a step", "loss first -> last"], rows,
                  title=f"{title}, {environment.measured_on()}")
@@ -773,9 +773,9 @@ def moe_table(runs: dict) -> Table:
             rows.append((label, x.get("rank"), ", ".join(map(str, held)) or "-",
                          f"{x.get('expert_params') or 0:,}", f"{x.get('dense_params') or 0:,}",
                          sum(totals[i] for i in held if i < len(totals)),
-                         units.loss_cell(x.get("aux_losses") or [], 3)))
+                         show.loss_cell(x.get("aux_losses") or [], 3)))
         if not r.ranks:
-            rows.append((label, "-", units.status_cell(r.status, r.message, bench.OK, 60),
+            rows.append((label, "-", show.status_cell(r.status, r.message, bench.OK, 60),
                          "-", "-", "-", "-"))
     return Table(["run", "rank", "experts held", "expert params", "dense params",
                   "tokens its experts got", "aux loss first -> last"], rows,
@@ -811,7 +811,7 @@ def plot_memory_speed(runs: dict, environment: kit_env.Environment):
     done = {k: r for k, r in runs.items() if r.status == bench.OK}
     fig, (mem, speed) = plt.subplots(1, 2, figsize=(11, 3.4))
     key = "peak_gpu_allocated_bytes" if environment.has_gpu else "n_params"
-    scale = units.GiB if environment.has_gpu else 1e6
+    scale = show.GiB if environment.has_gpu else 1e6
     labels, x = list(done), 0
     for i, (label, r) in enumerate(done.items()):
         for j, rank in enumerate(r.ranks):
@@ -833,10 +833,10 @@ def plot_memory_speed(runs: dict, environment: kit_env.Environment):
 
 def loss_curves(*sections: dict):
     """Every run's losses, one line each: layouts of the same model should lie on top."""
-    from helpers import plots
+
 
     curves = {label: r.losses for runs in sections for label, r in runs.items() if r.losses}
-    return plots.loss_curves(curves, "Loss per step: each layout against its 1-rank run")
+    return show.loss_curves(curves, "Loss per step: each layout against its 1-rank run")
 
 
 def takeaways(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,

@@ -2,7 +2,7 @@
 same layers as a ``deepspeed.pipe.PipelineModule`` and as a plain model, a GPT whose MLPs are
 ``deepspeed.moe.layer.MoE`` layers, and the three training steps (``engine.train_batch`` for the
 pipeline, the engine loop with gradient accumulation for the others). Notebook 08 prints each
-piece beside the call that runs it (``helpers.tables.Source``); ``helpers.parallel`` runs them in
+piece beside the call that runs it (``helpers.show.Source``); ``helpers.parallel`` runs them in
 subprocesses, one per rank. Only torch and DeepSpeed, no kit imports: it reads as a user's script.
 """
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from helpers import config, infinity, matrix, measurements, memory, models, verdict
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import MISSING, gib
+from helpers.show import Table, MISSING, gib
 
 
 class SizingError(ValueError):

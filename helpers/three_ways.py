@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from helpers import claims
-from helpers.tables import Table
+from helpers.show import Table
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 from helpers import claims, dist
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import GiB
+from helpers.show import Table, GiB
 
 OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
 #: Largest logit difference allowed between the trained model and its reload from disk.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.units import GiB
+from helpers.show import GiB
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 #: How close to a limit a prediction may come and still be called "fits": within 10% is "tight".

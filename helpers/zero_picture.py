@@ -7,8 +7,7 @@ model states only (activations are the same for every stage and are left out her
 from __future__ import annotations
 
 from helpers import matrix, memory
-from helpers.tables import Table
-from helpers.units import GiB
+from helpers.show import Table, GiB
 
 KINDS = ("params", "grads", "optimizer")
 

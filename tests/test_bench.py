@@ -193,9 +193,9 @@ def test_matrix_plots_include_step_times_and_losses():
 
 
 def test_the_engine_loop_each_run_executes_is_shown_as_source():
-    from helpers import tables
+    from helpers import show
 
-    shown = tables.Source(bench.train_steps)
+    shown = show.Source(bench.train_steps)
     assert str(shown).startswith("# helpers.bench.train_steps\ndef train_steps(")
     for call in ("deepspeed.initialize(", "engine.backward(loss)", "engine.step()"):
         assert call in shown.code

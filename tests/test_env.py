@@ -8,7 +8,7 @@ import torch
 
 from helpers import claims, colab, dist, env, machine_check
 from helpers.env import GpuFacts
-from helpers.units import GB, GiB
+from helpers.show import GB, GiB
 
 T4 = GpuFacts(name="Tesla T4", count=1, capability=(7, 5), total_bytes=15_835_660_288, free_bytes=15_600_000_000)
 H200 = GpuFacts(name="NVIDIA H200", count=1, capability=(9, 0), total_bytes=150_754_820_096, free_bytes=150_000_000_000)

@@ -55,4 +55,4 @@ def test_an_upward_import_is_caught_even_inside_a_function():
     assert upward_imports("memory", lazy, layers) == ["memory (layer 3) imports matrix (layer 7)"]
     sideways = "from helpers import doctor\n"
     assert upward_imports("bench", sideways, layers) == ["bench (layer 6) imports doctor (layer 6)"]
-    assert upward_imports("matrix", "from helpers import bench, units\n", layers) == []
+    assert upward_imports("matrix", "from helpers import bench, show\n", layers) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import bench, claims, measurements, memory, verdict
-from helpers.units import GiB
+from helpers.show import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = measurements.load()
