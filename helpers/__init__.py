@@ -11,8 +11,9 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 1. claims, models, verdict, parallel_models: the shared check rules, figures, model shapes
    and offline checkpoints, the three-way memory verdict (fits / tight / does not fit), notebook
    08's models (a GPT as pipeline layers, a mixture-of-experts GPT) and training steps
-2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
-3. dist, memory: one-process distributed setup; the memory estimator (pure arithmetic)
+2. env: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe; one-process
+   distributed setup)
+3. memory: the memory estimator (pure arithmetic)
 4. config_check: every value DeepSpeed would reject, found before an engine starts
 5. config: build, explain, save and load DeepSpeed configs
 6. bench, doctor: one run in a subprocess (the runner); ds_report explained
@@ -30,8 +31,8 @@ LAYERS: list[list[str]] = [
     ["show", "cli", "colab", "deepspeed_fixes", "data", "accounting",
      "rss_trace"],
     ["claims", "models", "verdict", "parallel_models"],
-    ["env", "libaio"],
-    ["dist", "memory"],
+    ["env"],
+    ["memory"],
     ["config_check"],
     ["config"],
     ["bench", "doctor"],

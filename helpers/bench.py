@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from helpers import accounting, dist, rss_trace, show
+from helpers import accounting, rss_trace, show
 from helpers import env as kit_env
 from helpers.show import Table
 
@@ -145,7 +145,7 @@ def train_steps(spec: RunSpec, result: dict, trace: rss_trace.PhaseTrace | None 
         if spec.gpu_cap_bytes:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))
-    dist.setup_single_process_dist()
+    kit_env.setup_single_process_dist()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         # One rank needs no rendezvous: an in-process store, so no port can be taken by another run.
         import torch.distributed as torch_dist
@@ -266,7 +266,7 @@ def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
     root = str(kit_env.REPO_ROOT)
     child["PYTHONPATH"] = root + (os.pathsep + child["PYTHONPATH"] if child.get("PYTHONPATH") else "")
     if world_size == 1:
-        child["MASTER_PORT"] = str(dist.free_port())
+        child["MASTER_PORT"] = str(kit_env.free_port())
     return child
 
 
@@ -304,7 +304,7 @@ def _run_once(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunRe
         cmd = [sys.executable, *worker]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
-               "--master-addr", "127.0.0.1", "--master-port", str(dist.free_port()), *worker]
+               "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()), *worker]
     log_file = open(log_path or work / "log.txt", "w")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from helpers import claims
 from helpers import env as kit_env
-from helpers import libaio
+
 from helpers import memory
 from helpers.show import Table
 
@@ -106,7 +106,7 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
         cuda_home=cpp.CUDA_HOME,
         ninja=cpp.is_ninja_available(),
         compiler=shutil.which(os.environ.get("CXX", "c++")),
-        libaio=libaio.available(),
+        libaio=kit_env.libaio_available(),
         arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"),
         shm_bytes=shm_bytes,
         ram_budget_bytes=environment.ram_budget_bytes,
@@ -172,12 +172,12 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
             "Every DeepSpeed op, CPU Adam included, is C++ compiled on first use.",
             "apt-get install -y build-essential", ("CPU offload", "NVMe offload", "fp16 training", "ZeRO 1/2/3")))
     if not facts.libaio:
-        colab = " (in a Colab cell: !" + libaio.LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
+        colab = " (in a Colab cell: !" + kit_env.LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
         out.append(Diagnosis(
             "no_libaio", "warning", "libaio (headers and .so) not found.",
             "NVMe offload (ZeRO-Infinity) reads and writes optimizer states and parameters through "
             "DeepSpeed's async_io op, which links against libaio. Everything else works without it.",
-            f"{libaio.LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
+            f"{kit_env.LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
             "LDFLAGS=-L<dir>/lib before starting Python.", ("NVMe offload",)))
     if facts.has_gpu:
         arch = facts.arch
@@ -306,10 +306,10 @@ def op_report(names: list[str] | None = None, environment: kit_env.Environment |
                 compatible = bool(builder.is_compatible(verbose=True))
             except Exception as err:  # DeepSpeed's own probe can raise (no CUDA_HOME, say)
                 compatible, builder.error_log = False, str(err)
-        if name == "async_io" and not compatible and libaio.available():
+        if name == "async_io" and not compatible and kit_env.libaio_available():
             # async_io's is_compatible is DeepSpeed's io_submit compile-and-link probe, which can
             # answer False inside a Jupyter kernel (it redirects file descriptor 2; seen on the GPU
-            # machine under nbval): libaio.available() runs the same probe in a fresh process.
+            # machine under nbval): kit_env.libaio_available() runs the same probe in a fresh process.
             compatible = True
         why = "" if compatible else _why(printed.getvalue(), builder.error_log)
         out.append(OpStatus(name, OP_PURPOSE.get(name, ""), bool(installed_ops.get(name)), compatible, why))
@@ -349,7 +349,7 @@ def diagnose_build_log(lines: list[str]) -> str:
     if "invalid literal for int()" in text:
         return "The CUDA arch list could not be parsed: set TORCH_CUDA_ARCH_LIST to this GPU's capability (e.g. 7.5)."
     if "libaio" in text or "aio.h" in text or "-laio" in text:
-        return f"libaio is missing: {libaio.LIBAIO_APT}"
+        return f"libaio is missing: {kit_env.LIBAIO_APT}"
     if "ninja" in text.lower():
         return 'ninja is missing: pip install "ninja>=1.11"'
     if "nvcc" in text or "CUDA_HOME" in text:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from helpers import claims, colab, dist, memory
+from helpers import claims, colab, env, memory
 from helpers import verdict as fit
 from helpers.env import Environment
 from helpers.show import Table, GB, GiB
@@ -92,7 +92,7 @@ def check_invariants(environment: Environment) -> list[tuple[str, bool]]:
     checks.append((f"a {environment.precision} matmul on the {device} matches float64 "
                    f"(error {error:.1e} <= {PRECISION_TOL[environment.precision]:g})",
                    error <= PRECISION_TOL[environment.precision]))
-    checks.append(("a one-process distributed group starts on the probed port", dist.dist_roundtrip()))
+    checks.append(("a one-process distributed group starts on the probed port", env.dist_roundtrip()))
     folder = Path(environment.offload_dir)
     checks.append((f"the offload folder {folder} is writable", _writable_folder(folder)))
     if environment.emulation and environment.has_gpu:

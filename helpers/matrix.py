@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-from helpers import bench, claims, config, libaio, memory, show
+from helpers import bench, claims, config, memory, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.refuse_more_ranks_than_gpus(parser, args.world_size)
     machine = kit_env.describe()
     rows = run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
-                      nvme_ready=libaio.available(), labels=args.only, world_size=args.world_size, progress=False)
+                      nvme_ready=kit_env.libaio_available(), labels=args.only, world_size=args.world_size, progress=False)
     if args.json:
         print(json.dumps([asdict(r.result) for r in rows], indent=1))
     else:

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from helpers import bench, claims, dist, matrix, show
+from helpers import bench, claims, matrix, show
 from helpers import env as kit_env
 from helpers.show import Table
 
@@ -127,7 +127,7 @@ def _start(spec: ParallelSpec) -> bool:
         kit_env.apply_emulation(kit_env.resolve_emulation(), kit_env._gpu_facts())
     else:  # one thread per rank, as torchrun gives each CPU rank: 1 and 2 ranks compare fairly
         torch.set_num_threads(1)
-    dist.setup_single_process_dist()
+    kit_env.setup_single_process_dist()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         import torch.distributed as torch_dist
 
@@ -365,7 +365,7 @@ def _run_once(spec: ParallelSpec) -> bench.RunResult:
     worker = ["-m", "helpers.parallel", "--worker", str(spec_path)]
     cmd = [sys.executable, *worker] if spec.world_size == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-        str(spec.world_size), "--master-addr", "127.0.0.1", "--master-port", str(dist.free_port()),
+        str(spec.world_size), "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()),
         *worker]
     log_path = work / "log.txt"
     start = time.perf_counter()

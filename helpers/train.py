@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from helpers import claims, dist
+from helpers import claims
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
@@ -134,7 +134,7 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
     from helpers import deepspeed_fixes
 
     deepspeed_fixes.apply_all()
-    dist.setup_single_process_dist()
+    kit_env.setup_single_process_dist()
     precision = precision or kit_env.describe().precision
     seq_len = seq_len or len(dataset[0]["input_ids"])
     callback = MetricsCallback(micro_batch * seq_len, fail_at_step=fail_at_step)

@@ -147,11 +147,11 @@ def test_nvme_cleanup_removes_only_this_runs_folder(tmp_path):
 
 
 def test_each_run_swaps_into_its_own_subfolder_and_leaves_the_parent_as_it_was(tmp_path, monkeypatch):
-    from helpers import libaio, memory
+    from helpers import memory
 
     # two runs side by side once shared one folder: one overwrote (and deleted) the other's swap
     # files, and notebook 05's NVMe losses parted from stage 0's in CI
-    assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+    assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
     parent = tmp_path / "offload"
     choice = dict(matrix.CONFIGS)["stage 3 + NVMe offload"]
     ds = matrix.config_for(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",

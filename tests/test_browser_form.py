@@ -46,7 +46,7 @@ def _require_browser():
 def lab(tmp_path):
     """JupyterLab serving a copy of the repository; yields (url, token, root)."""
     _require_browser()
-    from helpers.dist import free_port
+    from helpers.env import free_port
 
     root = tmp_path / "kit"
     for name in ("notebooks", "helpers", "configs"):

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers import bench, claims, dist, doctor, env, infinity, machine_check, matrix, train
+from helpers import bench, claims, doctor, env, infinity, machine_check, matrix, train
 
 XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
 
@@ -293,7 +293,7 @@ def test_training_checks_fail_on_a_last_step_jump_and_an_unreported_oom(cpu):
 
 def test_machine_checks_fail_on_a_wrong_accelerator_a_bad_matmul_and_an_unwritable_folder(cpu, monkeypatch,
                                                                                            tmp_path):
-    monkeypatch.setattr(dist, "dist_roundtrip", lambda: True)
+    monkeypatch.setattr(env, "dist_roundtrip", lambda: True)
     assert failed(machine_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(tmp_path)))) == []
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")

@@ -102,10 +102,10 @@ def test_every_preset_passes_check_and_starts_an_engine(name):
     assert [p for p in config.check(preset) if p.level == "error"] == []
     filled = config.for_engine(preset, micro_batch=2, precision="fp32")
     if "nvme" in json.dumps(filled):
-        from helpers import libaio
+
 
         # Never skipped: CI installs libaio-dev and fails when it cannot, so the NVMe row runs there.
-        assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+        assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
         info = memory.ModelInfo.for_shape("tiny")
         filled["zero_optimization"]["offload_param"]["buffer_size"] = int(1.05 * info.largest_param_numel)
         filled["zero_optimization"]["sub_group_size"] = 1_000_000

@@ -6,7 +6,7 @@ import socket
 import pytest
 import torch
 
-from helpers import claims, colab, dist, env, machine_check
+from helpers import claims, colab, env, machine_check
 from helpers.env import GpuFacts
 from helpers.show import GB, GiB
 
@@ -106,31 +106,31 @@ def test_free_port_skips_a_taken_port():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        found = dist.free_port(start=port)
+        found = env.free_port(start=port)
         assert found != port and found > port
     with pytest.raises(env.KitSetupError, match="no free port"):
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
-            dist.free_port(start=taken.getsockname()[1], tries=1)
+            env.free_port(start=taken.getsockname()[1], tries=1)
 
 
 def test_single_process_dist_is_idempotent_and_keeps_a_launchers_values(clean_env):
-    first = dist.setup_single_process_dist()
+    first = env.setup_single_process_dist()
     assert set(first) == set(DIST_KEYS) and first["WORLD_SIZE"] == "1" and first["RANK"] == "0"
-    assert dist.setup_single_process_dist() == first
+    assert env.setup_single_process_dist() == first
     for key in DIST_KEYS:
         clean_env.delenv(key)
     clean_env.setenv("MASTER_PORT", "31234")
-    assert dist.setup_single_process_dist()["MASTER_PORT"] == "31234"
+    assert env.setup_single_process_dist()["MASTER_PORT"] == "31234"
 
 
 def test_dist_roundtrip_starts_and_stops_a_group(clean_env):
     import torch.distributed as torch_dist
 
     before = torch_dist.is_initialized()  # an earlier in-process Trainer may have left its group
-    assert dist.dist_roundtrip() is True
+    assert env.dist_roundtrip() is True
     assert torch_dist.is_initialized() == before  # the round trip leaves the state as it found it
-    assert dist.dist_roundtrip() is True  # a second time, on the same variables
+    assert env.dist_roundtrip() is True  # a second time, on the same variables
 
 
 def test_platform_detection():
@@ -187,16 +187,16 @@ def test_summary_reads_the_same_on_any_machine(clean_env):
 
 
 def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
-    clean_env.setattr(dist, "_group_started", lambda: False)  # no group of this process holds the port
+    clean_env.setattr(env, "_group_started", lambda: False)  # no group of this process holds the port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
         clean_env.setenv("MASTER_PORT", str(busy))
-        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # accelerate sets this in a plain process: not a launcher
-        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun its port is kept
-        assert dist.setup_single_process_dist()["MASTER_PORT"] == str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)

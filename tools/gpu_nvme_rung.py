@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import doctor, env, infinity, libaio, memory  # noqa: E402
+from helpers import doctor, env, infinity, memory  # noqa: E402
 
 shape = sys.argv[1]
 env.emulate(None)
@@ -22,7 +22,7 @@ info = memory.ModelInfo.for_shape(shape)
 print(f"{shape}: {info.n_params:,} params, write {write:,.0f} MB/s, read {read:,.0f} MB/s, "
       f"bound {infinity.predicted_nvme_step_s(info, write, read):.2f} s/step", flush=True)
 infinity.METHODS = [m for m in infinity.METHODS if m[1].get("offload_param") == "nvme"]
-rungs = infinity.run_ladder([shape], machine, 4, 512, 5, path, libaio.available(),
+rungs = infinity.run_ladder([shape], machine, 4, 512, 5, path, env.libaio_available(),
                             machine.ram_budget_bytes, headline=shape, progress=False)
 r = rungs[0].result
 print(infinity.nvme_table(rungs, write, read))

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, libaio, matrix, measurements  # noqa: E402
+from helpers import bench, cli, config, env, matrix, measurements  # noqa: E402
 from helpers import memory, verdict  # noqa: E402
 
 S0, S1, S2, S3 = "stage 0", "stage 1", "stage 2", "stage 3"
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run and not args.smoke and not machine.has_gpu:
         machine = config.t4_profile(machine)  # predict as on the GPU the grid is meant for
     parallel = args.parallel or (4 if machine.has_gpu else 1)
-    planned = plan(machine, args.smoke, args.steps, nvme=libaio.available())[: args.max_cases]
+    planned = plan(machine, args.smoke, args.steps, nvme=env.libaio_available())[: args.max_cases]
     done = finished_ids(out, args.redo_first_step) if out and not args.dry_run else set()
     if done:  # a second call with the same --out resumes: cases already recorded are not run again
         print(f"{len(done)} cases already in {out}: resuming with the others")
