@@ -9,11 +9,12 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 0. show, cli, colab, deepspeed_fixes, data, accounting, rss_trace: formatting, command
    lines, installs, text, the bytes a DeepSpeed rank holds, host RAM per phase of a run
 1. claims, models, verdict, parallel_models: the shared check rules, figures, model shapes
-   and offline checkpoints, the three-way memory verdict (fits / tight / does not fit), notebook
+   and offline checkpoints, notebook
    08's models (a GPT as pipeline layers, a mixture-of-experts GPT) and training steps
 2. env: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe; one-process
    distributed setup)
-3. memory: the memory estimator (pure arithmetic)
+3. memory: the memory estimator and the three-way verdict (fits / tight / does not fit; pure
+   arithmetic)
 4. config_check: every value DeepSpeed would reject, found before an engine starts
 5. config: build, explain, save and load DeepSpeed configs
 6. bench, doctor: one run in a subprocess (the runner); ds_report explained
@@ -30,7 +31,7 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 LAYERS: list[list[str]] = [
     ["show", "cli", "colab", "deepspeed_fixes", "data", "accounting",
      "rss_trace"],
-    ["claims", "models", "verdict", "parallel_models"],
+    ["claims", "models", "parallel_models"],
     ["env"],
     ["memory"],
     ["config_check"],

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, matrix, memory, verdict
+from helpers import bench, claims, matrix, memory
 from helpers import env as kit_env
 from helpers.show import Table, gib
 
@@ -114,7 +114,7 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
     # GPU and host RAM only: a T4 emulation has no disk figure (Colab's free disk varies), and
     # every row's disk use is in the row itself (peak_nvme_bytes)
     limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes}
-    words = {p: v.word for p, v in verdict.places({k: est.total(k) for k in limits}, limits).items()}
+    words = {p: v.word for p, v in memory.verdicts({k: est.total(k) for k in limits}, limits).items()}
     return Prediction(row, est, words)
 
 
@@ -153,9 +153,9 @@ def checks(
             place = OUT_OF_MEMORY[r["status"]]
             out.append(
                 (
-                    f"{name}: {r['status']}, verdict for {verdict.PLACES[place]} is "
+                    f"{name}: {r['status']}, verdict for {memory.PLACES[place]} is "
                     f"{p.words.get(place)!r}, not 'fits'",
-                    p.words.get(place) != verdict.FITS,
+                    p.words.get(place) != memory.FITS,
                 )
             )
             continue
@@ -207,8 +207,8 @@ def checks(
 
 def overall_verdict(words: dict[str, str]) -> str:
     """The worst of a row's verdicts, naming where it binds: "does not fit (host RAM)"."""
-    word = verdict.worst(list(words.values()))
-    where = [verdict.PLACES[p] for p, w in words.items() if w == word and w != verdict.FITS]
+    word = memory.worst_verdict(list(words.values()))
+    where = [memory.PLACES[p] for p, w in words.items() if w == word and w != memory.FITS]
     return word + (f" ({', '.join(where)})" if where else "")
 
 

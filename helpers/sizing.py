@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import config, infinity, matrix, measurements, memory, models, verdict
+from helpers import config, infinity, matrix, measurements, memory, models
 from helpers import env as kit_env
 from helpers.show import Table, MISSING, gib
 
@@ -37,13 +37,13 @@ class Sized:
     label: str
     config: dict
     estimate: memory.Estimate
-    verdicts: dict[str, verdict.PlaceVerdict]
+    verdicts: dict[str, memory.PlaceVerdict]
     #: what one host needs per place: the GPU's for one rank, host RAM and NVMe for its ranks
     needs: dict[str, int] = field(default_factory=dict)
 
     @property
     def overall(self) -> str:
-        return verdict.worst([v.word for v in self.verdicts.values()])
+        return memory.worst_verdict([v.word for v in self.verdicts.values()])
 
 
 def resolve(name: str):
@@ -203,8 +203,8 @@ def size(
             on_gpu=environment.has_gpu,
             zero_init=zero_init,
         )
-        needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in verdict.PLACES}
-        out.append(Sized(label, ds, est, verdict.places(needs, limits(environment)), needs))
+        needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in memory.PLACES}
+        out.append(Sized(label, ds, est, memory.verdicts(needs, limits(environment)), needs))
     return out
 
 
@@ -246,7 +246,7 @@ def size_table(
     title = (
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters at {micro_batch} x {seq_len}"
         f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
-        f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {verdict.MARGIN:.0%} of the limit"
+        f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
     return Table(
         [

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from helpers import config, memory, verdict
+from helpers import config, memory
 from helpers import env as kit_env
 
 BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
@@ -156,20 +156,20 @@ class ConfigForm:
         if self.estimate is None:
             return "<p>no estimate: fix the error first</p>"
         rows = []
-        needs = {p: self.estimate.total(p) for p in verdict.PLACES}
-        colours = {verdict.FITS: "#2e7d32", verdict.TIGHT: "#ef6c00", verdict.NO_FIT: "#c62828"}
-        for place, v in verdict.places(needs, self.limits()).items():
+        needs = {p: self.estimate.total(p) for p in memory.PLACES}
+        colours = {memory.FITS: "#2e7d32", memory.TIGHT: "#ef6c00", memory.NO_FIT: "#c62828"}
+        for place, v in memory.verdicts(needs, self.limits()).items():
             frac = min(1.0, v.need / v.limit) if v.limit else 0
             bar = (f"<span style='display:block;width:{frac * 100:.0f}%;height:14px;"
                    f"background:{colours[v.word]}'></span>")
             rows.append(f"<div style='margin:2px 0'><span style='display:inline-block;width:80px'>"
-                        f"{verdict.PLACES[place]}</span><span style='display:inline-block;"
+                        f"{memory.PLACES[place]}</span><span style='display:inline-block;"
                         f"width:260px;background:#eee;vertical-align:middle'>{bar}</span> "
                         f"{html.escape(v.sentence().split(': ', 1)[1])}</div>")
         when = self.estimate.phase.get("gpu")
         if when:
             rows.append(f"<div style='font-size:11px;color:#555'>GPU peak: {html.escape(when)}; "
-                        f"'tight' = within {verdict.MARGIN:.0%} of the limit (allocator "
+                        f"'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit (allocator "
                         f"fragmentation, estimate error)</div>")
         return "".join(rows)
 
@@ -212,7 +212,7 @@ def form_checks(form: ConfigForm) -> list[tuple[str, bool]]:
         form.set(precision="auto")
     form.set(model="custom", custom_params=7_000_000_000, stage=0)
     gpu_bar = form.bars.value.split("GPU</span>", 1)[-1].split("</div>", 1)[0]
-    out.append(("a 7B model at stage 0 does not fit the GPU bar", gpu_bar.endswith(verdict.NO_FIT)))
+    out.append(("a 7B model at stage 0 does not fit the GPU bar", gpu_bar.endswith(memory.NO_FIT)))
     form.name.value = "../outside"
     out.append(("a bad file name is refused, nothing written", form.save() is None and "not saved" in form.status.value))
     form.set(**before)

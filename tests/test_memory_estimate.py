@@ -3,7 +3,7 @@ fit."""
 
 import pytest
 
-from helpers import config, memory, verdict
+from helpers import config, memory
 
 P = 1_000_000_000
 
@@ -88,7 +88,7 @@ def test_fits_and_model_info_from_count():
     est = memory.estimate(
         info, config.build(stage=0, trainer=False, precision="fp16", pin_memory=False)
     )
-    assert verdict.verdict(est.total("gpu"), 15 * 2**30) == verdict.NO_FIT
+    assert memory.verdict(est.total("gpu"), 15 * 2**30) == memory.NO_FIT
     assert 6e9 < info.n_params < 8e9 and info.hidden % 64 == 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config, memory, models, sizing, verdict
+from helpers import config, memory, models, sizing
 from helpers import env as kit_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def test_every_kit_shape_is_sized_per_stage_and_offload(shape, t4):
     labels = [label for label, _ in sizing.matrix.CONFIGS] + [sizing.ZERO_INIT_NVME]
     assert [r.label for r in rows] == labels
     assert all(r.estimate.total("gpu") > 0 and r.estimate.total("cpu") > 0 for r in rows)
-    assert all(r.overall in (verdict.FITS, verdict.TIGHT, verdict.NO_FIT) for r in rows)
+    assert all(r.overall in (memory.FITS, memory.TIGHT, memory.NO_FIT) for r in rows)
     assert rows[-1].estimate.total("nvme") > 0 and "nvme" in rows[-1].verdicts
 
 
@@ -107,8 +107,8 @@ def test_the_zero_init_row_agrees_with_notebook_06s_27b_run(t4):
     info, _ = sizing.resolve("gpt2-2.7b")
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
     inited, built = rows[sizing.ZERO_INIT_NVME], rows["stage 3 + NVMe offload"]
-    assert inited.verdicts["cpu"].word != verdict.NO_FIT
-    assert built.verdicts["cpu"].word == verdict.NO_FIT
+    assert inited.verdicts["cpu"].word != memory.NO_FIT
+    assert built.verdicts["cpu"].word == memory.NO_FIT
     assert inited.config["zero_optimization"]["offload_param"]["device"] == "nvme"
     assert abs(inited.estimate.total("cpu") / (11.24 * 2**30) - 1) < 0.05
 
@@ -120,7 +120,7 @@ def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_say
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
     row = rows[sizing.ZERO_INIT_NVME]
     host = row.estimate.parts["cpu"]
-    assert row.verdicts["cpu"].word == verdict.NO_FIT
+    assert row.verdicts["cpu"].word == memory.NO_FIT
     assert host["grads"] == 2 * info.n_params and info.largest_param_numel == 128256 * 3072
     buffer = row.config["zero_optimization"]["offload_param"]["buffer_size"]
     assert buffer >= info.largest_param_numel and host["parameter swap buffers"] == 5 * buffer * 2

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from helpers import bench, cli, config, env, matrix, measurements  # noqa: E402
-from helpers import memory, verdict  # noqa: E402
+from helpers import memory  # noqa: E402
 
 S0, S1, S2, S3 = "stage 0", "stage 1", "stage 2", "stage 3"
 S2C, S3C, S3N = "stage 2 + CPU offload", "stage 3 + CPU offload", "stage 3 + NVMe offload"
@@ -168,8 +168,8 @@ def plan(machine: env.Environment, smoke: bool, steps: int, nvme: bool):
 
 
 def _verdicts(est: memory.Estimate, machine: env.Environment) -> dict[str, str]:
-    needs = {p: est.total(p) for p in verdict.PLACES}
-    return {p: v.word for p, v in verdict.places(needs, _limits(machine)).items()}
+    needs = {p: est.total(p) for p in memory.PLACES}
+    return {p: v.word for p, v in memory.verdicts(needs, _limits(machine)).items()}
 
 
 def row_for(
