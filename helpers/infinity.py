@@ -27,46 +27,6 @@ METHODS: list[tuple[str, dict]] = [
 ]
 
 
-def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
-                nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1) -> dict:
-    """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
-
-    Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
-    distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
-    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget (a
-    sub-group's fp32 weights, gradients and moments pass through RAM together: 1/32 of the model
-    keeps that near 1 GB at 1.5B parameters; the embedding, one parameter, stays a group of its own).
-    """
-    tight = environment.ram_budget_bytes < config.PIN_MEMORY_MIN_RAM
-    sub_group = int(min(1e8, max(1e6, model.n_params // 32)))
-    return config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
-                        world_size=world_size, trainer=False, environment=environment,
-                        nvme_path=nvme_path, pin_memory=not tight,
-                        largest_param_numel=model.largest_param_numel, sub_group_size=sub_group,
-                        max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
-                        param_persistence_threshold=int(1e5), **schedule(model, steps))
-
-
-#: fp16's first loss scale on the ladder: the kit's short-run scale (see config.SHORT_RUN_SCALE_POWER).
-LADDER_SCALE_POWER = config.SHORT_RUN_SCALE_POWER
-#: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider ones scale down.
-REFERENCE_WIDTH = 768
-
-
-def schedule(model: memory.ModelInfo, steps: int) -> dict:
-    """The ladder's learning rate, warmed up over the whole short run from a tenth of its peak.
-
-    The peak is GPT-3's rate for the model's size (config.learning_rate_for) times
-    (REFERENCE_WIDTH / hidden)**2 for models wider than GPT-2 small. GPT-3's rates assume batches
-    of 0.5-1M tokens and thousands of warmup steps; the ladder takes 5 steps of 2,048 tokens, where
-    Adam's first steps move every weight by about the rate. Measured at 1.5B (T4 emulation): a step
-    at 2e-5 took the loss from 11.17 to 7.11, one at about 9e-5 raised it from 7.05 to 8.49. The
-    scaled peaks are 1.7e-4 at 355M, 4.6e-5 at 1.5B and 1.8e-5 at 2.7B; 124M keeps 1e-3."""
-    width = min(1.0, REFERENCE_WIDTH / model.hidden) ** 2
-    return {"lr": config.learning_rate_for(model.n_params) * width, "warmup_steps": max(1, steps),
-            "initial_scale_power": LADDER_SCALE_POWER}
-
-
 def nvme_bytes_needed(model: memory.ModelInfo) -> int:
     """Disk the NVMe files will take (measured bytes per parameter), before the safety margin."""
     return int(NVME_BYTES_PER_PARAM * model.n_params)
@@ -170,10 +130,10 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                 skip(bench.REFUSED_DISK, str(err))
                 stopped.add(method)
                 continue
-            ds = nvme_config(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
+            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                              pin_memory=False, **schedule(info, steps))
+                              pin_memory=False, **config.short_run_schedule(info, steps))
         spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
                              zero_init=choice["stage"] == 3, timeout_s=3600)

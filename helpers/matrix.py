@@ -16,18 +16,6 @@ from helpers import bench, claims, config, memory, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
-#: The stage and offload matrix notebooks 03 and 05 compare, as helpers.config.build arguments.
-CONFIGS: list[tuple[str, dict]] = [
-    ("stage 0", {"stage": 0}),
-    ("stage 1", {"stage": 1}),
-    ("stage 2", {"stage": 2}),
-    ("stage 3", {"stage": 3}),
-    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
-    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
-    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
-]
-
-
 @dataclass
 class Row:
     """One config of the matrix: what ran, what came back, what was predicted."""
@@ -39,36 +27,22 @@ class Row:
     estimate: memory.Estimate | None
 
 
-def config_for(choice: dict, model: memory.ModelInfo, environment: kit_env.Environment | None,
-               micro_batch: int, world_size: int = 1, **overrides) -> dict:
-    """The engine config one row of the matrix runs (and is predicted) with: the row's stage and
-    offload, NVMe buffers that hold the model's largest parameter, optimizer sub-groups of a quarter
-    of the model (at most 1e8), fp16's short-run loss scale. Notebooks 03 and 05, the ZeRO picture
-    and the calibration tool all build their rows here, so a prediction and a run always describe
-    the same config."""
-    settings = dict(micro_batch=micro_batch, world_size=world_size, trainer=False, environment=environment,
-                    largest_param_numel=model.largest_param_numel,
-                    sub_group_size=min(100_000_000, max(1_000_000, model.n_params // 4)),
-                    initial_scale_power=config.SHORT_RUN_SCALE_POWER)
-    return config.build(**choice, **{**settings, **overrides})
-
-
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
                world_size: int = 1, progress: bool = True) -> list[Row]:
-    """Run every row of CONFIGS (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
+    """Run every row of config.STAGE_ROWS (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
     ranks with gloo where there is no GPU); NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.for_shape(shape)
     rows = []
-    todo = [(label, choice) for label, choice in CONFIGS if labels is None or label in labels]
+    todo = [(label, choice) for label, choice in config.STAGE_ROWS if labels is None or label in labels]
     for label, choice in tqdm(todo, desc="configs", disable=not progress):
         if "nvme" in choice.values() and not nvme_ready:
             rows.append(Row(label, choice, None, bench.RunResult(
                 label, bench.NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        ds = config_for(choice, info, environment, micro_batch, world_size)
+        ds = config.for_row(choice, info, environment, micro_batch, world_size)
         spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                              grad_ckpt=grad_ckpt, label=label, world_size=world_size)
         est = memory.estimate(info, ds, world_size=world_size, micro_batch=micro_batch, seq_len=seq_len,
@@ -307,8 +281,8 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
 
 
 def _rows_option(value: str) -> list[str]:
-    """``--only``'s type: comma-separated rows of :data:`CONFIGS`."""
-    known = [label for label, _ in CONFIGS]
+    """``--only``'s type: comma-separated rows of :data:`helpers.config.STAGE_ROWS`."""
+    known = [label for label, _ in config.STAGE_ROWS]
     rows = [x.strip() for x in value.split(",") if x.strip()]
     unknown = [x for x in rows if x not in known]
     if unknown or not rows:
@@ -395,7 +369,7 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
                          seq_len: int) -> list[str]:
     """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
     def gpu_of(choice: dict) -> float:
-        ds = config_for(choice, model, environment, micro_batch)
+        ds = config.for_row(choice, model, environment, micro_batch)
         est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
         return est.total("gpu" if environment.has_gpu else "cpu") / GiB
 

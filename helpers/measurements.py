@@ -2,7 +2,7 @@
 the machine each ran on, and the estimator checked against them: the validation half only.
 
 Each row names a kit shape, a row of the stage and offload matrix (its config comes from
-:func:`helpers.matrix.config_for`, as the run's did), the batch shape, and what was measured.
+:func:`helpers.config.for_row`, as the run's did), the batch shape, and what was measured.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, matrix, memory
+from helpers import bench, claims, config, memory
 from helpers import env as kit_env
 from helpers.show import Table, gib
 
@@ -54,12 +54,12 @@ def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
 
 
 def choice_of(label: str) -> dict:
-    """The matrix row's choices for a label of :data:`helpers.matrix.CONFIGS` (ValueError
+    """The matrix row's choices for a label of :data:`helpers.config.STAGE_ROWS` (ValueError
     otherwise)."""
-    found = dict(matrix.CONFIGS).get(label)
+    found = dict(config.STAGE_ROWS).get(label)
     if found is None:
         raise ValueError(
-            f"unknown matrix row {label!r}: choose one of {', '.join(dict(matrix.CONFIGS))}"
+            f"unknown matrix row {label!r}: choose one of {', '.join(dict(config.STAGE_ROWS))}"
         )
     return found
 
@@ -83,7 +83,7 @@ def sliced_check(row: dict) -> bool:
 def row_config(row: dict, info: memory.ModelInfo) -> dict:
     """The engine config a measured row ran with: its matrix row, fp16, pinned memory off, and the
     row's own ``zero_overrides`` (notebook 06's NVMe rungs size their sub-groups to the model)."""
-    ds = matrix.config_for(
+    ds = config.for_row(
         choice_of(row["row"]),
         info,
         None,

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import config, infinity, matrix, measurements, memory, models
+from helpers import config, measurements, memory, models
 from helpers import env as kit_env
 from helpers.show import Table, MISSING, gib
 
@@ -184,10 +184,10 @@ def size(
     one rank's; host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`)."""
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
-        (label, matrix.config_for(choice, info, environment, micro_batch, world_size), False)
-        for label, choice in matrix.CONFIGS
+        (label, config.for_row(choice, info, environment, micro_batch, world_size), False)
+        for label, choice in config.STAGE_ROWS
     ]
-    nvme = infinity.nvme_config(
+    nvme = config.zero_infinity(
         info, environment, micro_batch, kit_env.default_offload_dir(), world_size=world_size
     )
     rows.append((ZERO_INIT_NVME, nvme, True))

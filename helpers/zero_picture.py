@@ -6,7 +6,7 @@ model states only (activations are the same for every stage and are left out her
 
 from __future__ import annotations
 
-from helpers import matrix, memory
+from helpers import config, memory
 from helpers.show import Table, GiB
 
 KINDS = ("params", "grads", "optimizer")
@@ -15,8 +15,8 @@ KINDS = ("params", "grads", "optimizer")
 def model_states(model: memory.ModelInfo, world_size: int) -> dict[str, dict[str, dict[str, int]]]:
     """{config: {place: {kind: bytes}}} for parameters, gradients and optimizer states per rank."""
     out = {}
-    for label, choice in matrix.CONFIGS:
-        ds = matrix.config_for(choice, model, None, 1, world_size, precision="fp16", pin_memory=False,
+    for label, choice in config.STAGE_ROWS:
+        ds = config.for_row(choice, model, None, 1, world_size, precision="fp16", pin_memory=False,
                                nvme_path="/tmp/zero_kit_offload")
         est = memory.estimate(model, ds, world_size=world_size, micro_batch=1, seq_len=1, grad_ckpt=True,
                               zero_init=choice["stage"] == 3)

@@ -77,7 +77,7 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
 def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[matrix.Row]:
     out = []
     for label in matrix.TWO_RANK_LABELS:
-        choice = dict(matrix.CONFIGS)[label]
+        choice = dict(config.STAGE_ROWS)[label]
         share = 2 if (halve and ranks == 2 and choice["stage"] >= 1) else 1
         per = {"optimizer_bytes": 800 // share, "grads_bytes": 400 // share,
                "params_bytes": 400 // (share if choice["stage"] == 3 else 1), "peak_gpu_allocated_bytes": peak}
@@ -153,8 +153,8 @@ def test_each_run_swaps_into_its_own_subfolder_and_leaves_the_parent_as_it_was(t
     # files, and notebook 05's NVMe losses parted from stage 0's in CI
     assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
     parent = tmp_path / "offload"
-    choice = dict(matrix.CONFIGS)["stage 3 + NVMe offload"]
-    ds = matrix.config_for(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",
+    choice = dict(config.STAGE_ROWS)["stage 3 + NVMe offload"]
+    ds = config.for_row(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",
                            nvme_path=str(parent))
     moved = bench.with_nvme_folder(ds, str(parent / "run-x"))
     zero, was = moved["zero_optimization"], ds["zero_optimization"]
@@ -171,7 +171,7 @@ def test_each_run_swaps_into_its_own_subfolder_and_leaves_the_parent_as_it_was(t
 
 def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
     machine = env.describe()
-    row = lambda label, status, msg: matrix.Row(label, dict(matrix.CONFIGS)[label], None,
+    row = lambda label, status, msg: matrix.Row(label, dict(config.STAGE_ROWS)[label], None,
                                                 bench.RunResult(label, status, msg, losses=[2.0, 1.0]), None)
     claim = "every config ran, or hit a limit, or says why it did not run (no errors)"
     fine = [row("stage 0", bench.OK, ""), row("stage 1", bench.OOM, "CUDA out of memory"),

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers import bench, claims, doctor, env, infinity, machine_check, matrix, train
+from helpers import bench, claims, config, doctor, env, infinity, machine_check, matrix, train
 
 XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
 
@@ -54,7 +54,7 @@ def _row(label, choice, status=bench.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None)
 
 
 def _matrix(**status):
-    return [_row(label, choice, status.get(label, bench.OK)) for label, choice in matrix.CONFIGS]
+    return [_row(label, choice, status.get(label, bench.OK)) for label, choice in config.STAGE_ROWS]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_a_good_matrix_passes(cpu):
 
 
 def test_an_all_out_of_memory_matrix_fails(cpu):
-    rows = _matrix(**{label: bench.OOM for label, _ in matrix.CONFIGS})
+    rows = _matrix(**{label: bench.OOM for label, _ in config.STAGE_ROWS})
     bad = failed(matrix.checks(rows, cpu, nvme_ready=True))
     assert "stage 0 ran (the baseline every row is compared with)" in bad
     assert "at least one offload config ran" in bad
@@ -94,13 +94,13 @@ def test_losses_that_differ_from_stage_0_fail(cpu):
 
 
 def test_a_stage_0_loss_that_jumps_at_the_last_step_fails(cpu):
-    rows = [_row(label, choice, losses=XL_RUN) for label, choice in matrix.CONFIGS]
+    rows = [_row(label, choice, losses=XL_RUN) for label, choice in config.STAGE_ROWS]
     assert any(c.startswith("stage 0: the loss falls") for c in failed(matrix.checks(rows, cpu, True)))
 
 
 def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
-    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in matrix.CONFIGS]
+    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in config.STAGE_ROWS]
     rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=bench.OOM)
     bad = failed(matrix.checks(rows, gpu, nvme_ready=False))
     assert "stage 2 + CPU offload uses less GPU memory than stage 2 (one did not run)" in bad
@@ -110,7 +110,7 @@ def test_a_subset_of_rows_is_held_to_its_own_pairs_and_names_its_model(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
     labels = ["stage 0", "stage 2", "stage 2 + CPU offload"]  # notebook 05's Llama-style rows
     rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30)
-            for label, choice in matrix.CONFIGS if label in labels]
+            for label, choice in config.STAGE_ROWS if label in labels]
     found = matrix.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")
     assert failed(found) == [] and all(c.startswith("smollm2-360m-shaped: ") for c, _ in found)
     assert not any("stage 3" in c for c, _ in found)
@@ -121,7 +121,7 @@ def test_a_subset_of_rows_is_held_to_its_own_pairs_and_names_its_model(cpu):
 
 def test_two_shapes_side_by_side_quote_both_runs(cpu):
     def rows(shape, gib):
-        out = [_row(label, choice, gpu=gib * 2**30) for label, choice in matrix.CONFIGS[:3]]
+        out = [_row(label, choice, gpu=gib * 2**30) for label, choice in config.STAGE_ROWS[:3]]
         for r in out:
             r.spec = bench.RunSpec(ds_config={}, shape=shape)
             r.result.median_step_s = gib / 10
@@ -130,7 +130,7 @@ def test_two_shapes_side_by_side_quote_both_runs(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
     line = matrix.shape_takeaway(rows("gpt2-355m", 5), rows("smollm2-360m-shaped", 6), gpu)
     assert line.startswith("Peak GPU, gpt2-355m vs smollm2-360m-shaped: stage 0 5.00 vs 6.00 GiB, 0.50 vs 0.60")
-    none_ran = [_row(label, choice, status=bench.OOM) for label, choice in matrix.CONFIGS[:3]]
+    none_ran = [_row(label, choice, status=bench.OOM) for label, choice in config.STAGE_ROWS[:3]]
     assert "no config that ran under both" in matrix.shape_takeaway(rows("gpt2-355m", 5), none_ran, gpu)
 
 

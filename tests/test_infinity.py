@@ -11,7 +11,7 @@ XL = memory.ModelInfo.for_shape("gpt2-1.5b")
 
 def test_nvme_config_fits_the_largest_parameter_and_a_small_ram(tmp_path):
     t4 = __import__("helpers.config", fromlist=["x"]).t4_profile(env.describe())
-    c = infinity.nvme_config(XL, t4, 4, tmp_path)
+    c = config.zero_infinity(XL, t4, 4, tmp_path)
     zero = c["zero_optimization"]
     assert zero["offload_param"]["buffer_size"] >= XL.largest_param_numel
     assert zero["stage3_max_reuse_distance"] == 0 and zero["offload_param"]["pin_memory"] is False

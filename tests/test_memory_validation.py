@@ -293,14 +293,14 @@ def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build
     whole = measurements.predict({**top, "overflow_check": measurements.WHOLE_OVERFLOW_CHECK})
     assert whole.estimate.total("cpu") > 1.2 * top["peak_host_rss_bytes"]
     assert whole.words["cpu"] == memory.NO_FIT
-    # each row's overrides make its config the ladder's own (infinity.nvme_config) where they differ
-    from helpers import config, infinity
+    # each row's overrides make its config the ladder's own (config.zero_infinity) where they differ
+    from helpers import config
     from helpers import env as kit_env
 
     for row_id in LADDER:
         r, info = by_id[row_id], memory.ModelInfo.for_shape(by_id[row_id]["shape"])
         t4 = config.t4_profile(kit_env.describe())
-        ladder = infinity.nvme_config(info, t4, 4, "/tmp/x")["zero_optimization"]
+        ladder = config.zero_infinity(info, t4, 4, "/tmp/x")["zero_optimization"]
         used = measurements.row_config(r, info)["zero_optimization"]
         for key in ("sub_group_size", "reduce_bucket_size"):
             assert used[key] == ladder[key], (row_id, key)

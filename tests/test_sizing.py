@@ -25,7 +25,7 @@ def t4():
 def test_every_kit_shape_is_sized_per_stage_and_offload(shape, t4):
     info, _ = sizing.resolve(shape)
     rows = sizing.size(info, t4, micro_batch=2, seq_len=256, grad_ckpt=True)
-    labels = [label for label, _ in sizing.matrix.CONFIGS] + [sizing.ZERO_INIT_NVME]
+    labels = [label for label, _ in sizing.config.STAGE_ROWS] + [sizing.ZERO_INIT_NVME]
     assert [r.label for r in rows] == labels
     assert all(r.estimate.total("gpu") > 0 and r.estimate.total("cpu") > 0 for r in rows)
     assert all(r.overall in (memory.FITS, memory.TIGHT, memory.NO_FIT) for r in rows)
@@ -82,7 +82,7 @@ def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{folder}: ") and "GPU 15.0 GiB" in lines[0]
-    rows = len(sizing.matrix.CONFIGS) + 1  # and the zero.Init row
+    rows = len(sizing.config.STAGE_ROWS) + 1  # and the zero.Init row
     assert sum(line.startswith("stage ") for line in lines) == rows and "verdicts for:" in lines[-1]
 
 

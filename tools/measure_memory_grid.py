@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, matrix, measurements  # noqa: E402
+from helpers import bench, cli, config, env, measurements  # noqa: E402
 from helpers import memory  # noqa: E402
 
 S0, S1, S2, S3 = "stage 0", "stage 1", "stage 2", "stage 3"
@@ -153,8 +153,8 @@ def plan(machine: env.Environment, smoke: bool, steps: int, nvme: bool):
         # NVMe cases side by side must not share a swap folder (a run deletes its folder's files)
         folder = str(Path(machine.offload_dir) / f"grid-{len(out)}")
         own = {"nvme_path": folder} if case.row == S3N else {}
-        choice = dict(matrix.CONFIGS)[case.row]
-        ds = matrix.config_for(choice, info, machine, case.micro_batch, **own)
+        choice = dict(config.STAGE_ROWS)[case.row]
+        ds = config.for_row(choice, info, machine, case.micro_batch, **own)
         est = memory.estimate(
             info,
             ds,
