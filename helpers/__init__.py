@@ -23,21 +23,22 @@ enforces it, lazy imports inside functions included), so there are no import cyc
 8. widgets, zero_picture, three_ways, measurements, offload_speed: notebook 03's form, the ZeRO
    picture, notebook 07's paths, the stored memory measurements and the estimator checked against
    them, notebook 05's faster offload; parallel: notebook 08's pipeline, MoE and AutoTP runs
-9. sizing: ``python -m helpers.sizing``, any model's memory per stage and offload with the verdict,
+9. sizing: ``python -m helpers sizing``, any model's memory per stage and offload with the verdict,
    beside DeepSpeed's and Accelerate's estimators
 """
 
 #: The layers above, as data (bottom first): what tests/test_layers.py checks.
 LAYERS: list[list[str]] = [
-    ["show", "cli", "colab", "deepspeed_fixes", "data", "accounting",
-     "rss_trace"],
+    ["show", "colab", "deepspeed_fixes", "data"],
     ["claims", "models", "parallel_models"],
     ["env"],
     ["memory"],
     ["config_check"],
     ["config"],
-    ["bench", "doctor"],
+    ["runner", "doctor"],
     ["matrix", "infinity", "finetune", "train", "machine_check"],
     ["widgets", "zero_picture", "three_ways", "measurements", "offload_speed", "parallel"],
     ["sizing"],
+    ["cli"],
+    ["__main__"],
 ]

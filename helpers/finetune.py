@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from helpers import claims, rss_trace
+from helpers import claims, runner
 from helpers import env as kit_env
 from helpers.show import Table, GB, GiB
 
@@ -53,7 +53,7 @@ class Watch:
     def __init__(self) -> None:
         import torch
 
-        self._trace = rss_trace.PhaseTrace(interval_s=0.1)
+        self._trace = runner.PhaseTrace(interval_s=0.1)
         self._trace.enter("fine-tune")
         self._cuda = torch.cuda.is_available()
         if self._cuda:

@@ -1,6 +1,6 @@
 """ZeRO-Infinity for a small machine: a ZeRO-3 + NVMe config derived for a model and a hardware
 budget, a disk-space refusal before training, a disk bandwidth probe, and the model-size ladder of
-notebook 06 (each run through helpers.bench in its own subprocess, killed past the RAM budget as
+notebook 06 (each run through helpers.runner in its own subprocess, killed past the RAM budget as
 Colab would kill the kernel).
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, config, memory, show
+from helpers import claims, config, memory, runner, show
 from helpers.show import GiB, Table
 from helpers import env as kit_env
 
@@ -70,7 +70,7 @@ def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
-    bench.log_record({"probe": "disk", "path": str(folder), "megabytes": megabytes,
+    runner.report({"probe": "disk", "path": str(folder), "megabytes": megabytes,
                       "write_mb_s": write, "read_mb_s": read})
     return write, read
 
@@ -88,7 +88,7 @@ class Rung:
 
     shape: str
     method: str
-    result: bench.RunResult
+    result: runner.RunResult
     n_params: int
 
 
@@ -106,9 +106,9 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
-        skip = lambda status, why: rungs.append(Rung(shape, method, bench.RunResult(method, status, why), info.n_params))
+        skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why), info.n_params))
         if method in stopped and not (shape == headline and choice["stage"] == 0):
-            skip(bench.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
+            skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
             continue
         past_headline = headline is None or (headline in shapes and shapes.index(shape) > shapes.index(headline))
         if budget_minutes is not None and past_headline and method in last:
@@ -116,30 +116,30 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
             predicted = wall * info.n_params / n
             elapsed = time.perf_counter() - start
             if elapsed + predicted > 60 * budget_minutes:
-                skip(bench.NOT_TRIED, f"would take about {predicted / 60:.0f} min (the last size took {wall / 60:.1f}), "
+                skip(runner.NOT_TRIED, f"would take about {predicted / 60:.0f} min (the last size took {wall / 60:.1f}), "
                                   f"past the ladder's budget of {budget_minutes:g} min: raise LADDER_MINUTES to climb further")
                 stopped.add(method)
                 continue
         if "nvme" in choice.values():
             if not nvme_ready:
-                skip(bench.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
+                skip(runner.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
                 continue
             try:
                 check_disk(info, nvme_path)
             except kit_env.KitSetupError as err:
-                skip(bench.REFUSED_DISK, str(err))
+                skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
                 continue
             ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
-        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
                              zero_init=choice["stage"] == 3, timeout_s=3600)
-        result = bench.measure(spec)
+        result = runner.measure(spec)
         rungs.append(Rung(shape, method, result, info.n_params))
-        if result.status == bench.OK:
+        if result.status == runner.OK:
             last[method] = (info.n_params, result.wall_s)
         else:
             stopped.add(method)
@@ -148,8 +148,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
 
 def ladder_table(rungs: list[Rung], environment: kit_env.Environment | None = None) -> Table:
     """Every rung: status, peaks, step time, loss; the title says where it was measured."""
-    rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method, *bench.result_cells(r.result, 90)) for r in rungs]
-    return Table(["model", "parameters", "method", *bench.RESULT_COLUMNS], rows,
+    rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method, *runner.result_cells(r.result, 90)) for r in rungs]
+    return Table(["model", "parameters", "method", *runner.RESULT_COLUMNS], rows,
                  title="The ladder" + (f", {environment.measured_on()}" if environment else ""))
 
 
@@ -157,7 +157,7 @@ def largest_per_method(rungs: list[Rung]) -> dict[str, Rung | None]:
     """The largest size that trained under each method (None when none did)."""
     out: dict[str, Rung | None] = {m: None for m, _ in METHODS}
     for r in rungs:
-        if r.result.status == bench.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
+        if r.result.status == runner.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
             out[r.method] = r
     return out
 
@@ -191,7 +191,7 @@ def plot_largest(rungs: list[Rung]):
     return fig
 
 
-#: The phases of a run's host RSS (helpers.rss_trace, recorded by helpers.bench), as the table names them.
+#: The phases of a run's host RSS (helpers.runner.PhaseTrace, recorded by every run), as the table names them.
 RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
               ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step")]
 #: What the optimizer step may add to host RSS over forward and backward, per parameter, at most.
@@ -201,12 +201,12 @@ STEP_RISE_BYTES_PER_PARAM = 1.5
 STEP_RISE_FLOOR = 256 * 2**20  # small models: allocator noise, not a per-parameter cost
 
 
-def phase_peaks(result: bench.RunResult) -> dict[str, int]:
+def phase_peaks(result: runner.RunResult) -> dict[str, int]:
     """Peak host RSS per phase of one run (empty when the run recorded none)."""
     return {p["name"]: p["peak_bytes"] for p in result.rss_phases}
 
 
-def step_rise(result: bench.RunResult) -> int | None:
+def step_rise(result: runner.RunResult) -> int | None:
     """How far the optimizer step's RSS peak rose above forward and backward's (None: not recorded)."""
     peaks = phase_peaks(result)
     if "optimizer step" not in peaks or "forward and backward" not in peaks:
@@ -214,7 +214,7 @@ def step_rise(result: bench.RunResult) -> int | None:
     return peaks["optimizer step"] - peaks["forward and backward"]
 
 
-def step_rise_ok(result: bench.RunResult, n_params: int) -> bool:
+def step_rise_ok(result: runner.RunResult, n_params: int) -> bool:
     """The optimizer step's transient stays under :data:`STEP_RISE_BYTES_PER_PARAM` (or the floor)."""
     rise = step_rise(result)
     return rise is not None and rise <= max(STEP_RISE_FLOOR, STEP_RISE_BYTES_PER_PARAM * n_params)
@@ -225,7 +225,7 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
     host RAM went (peak RSS per phase of the run, GiB)."""
     rows = []
     for r in rungs:
-        if r.method != "ZeRO-3 + NVMe" or r.result.status != bench.OK:
+        if r.method != "ZeRO-3 + NVMe" or r.result.status != runner.OK:
             continue
         info = memory.ModelInfo.for_shape(r.shape)
         bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s)
@@ -240,7 +240,7 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
                  title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")
 
 
-def starting_loss_ok(result: bench.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
+def starting_loss_ok(result: runner.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
     """The first loss is near ln(vocab), as a freshly initialised model's should be (not ~100)."""
     return bool(result.losses) and abs(result.losses[0] - math.log(vocab)) <= tolerance
 
@@ -263,13 +263,13 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     with ZeRO-3 + NVMe for at least 5 steps with a falling loss, its peak host RSS within the RAM
     budget (and on a GPU its peak within the GPU cap, under T4 emulation); on a GPU the same size
     under stage 0 runs out of GPU memory."""
-    nvme_ok = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == bench.OK]
+    nvme_ok = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
     smallest = rungs[0].shape if rungs else None
     first = [r for r in rungs if r.shape == smallest and "nvme" not in r.method.lower()]
     out = [("every rung ran, or hit a limit, or says why it did not run (no errors)",
-            claims.every(bench.explained(r.result) for r in rungs)),
+            claims.every(runner.explained(r.result) for r in rungs)),
            (f"the smallest size ({smallest}) trained under stage 0 and ZeRO-2 + CPU offload",
-            claims.every(r.result.status == bench.OK for r in first))]
+            claims.every(r.result.status == runner.OK for r in first))]
     if nvme_ready:
         vocab = lambda r: memory.ModelInfo.for_shape(r.shape).vocab
         out += [(f"libaio is ready, so ZeRO-3 + NVMe trained ({len(nvme_ok)} sizes)", bool(nvme_ok)),
@@ -283,7 +283,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
         nvme_rows = [r for r in rungs if r.method == "ZeRO-3 + NVMe"]
         out.append(("libaio is missing, so every ZeRO-3 + NVMe rung is reported as not run here, with"
                     " the command that installs it (no NVMe claim is made)",
-                    bool(nvme_rows) and claims.every(r.result.status == bench.NOT_HERE
+                    bool(nvme_rows) and claims.every(r.result.status == runner.NOT_HERE
                                                      and "libaio" in r.result.message
                                                      for r in nvme_rows)))
     if headline and nvme_ready:
@@ -298,7 +298,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     if headline and environment.has_gpu:
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
         out.append((f"{headline} under stage 0 runs out of GPU memory",
-                    bool(plain and plain.result.status == bench.OOM)))
+                    bool(plain and plain.result.status == runner.OOM)))
         if nvme_ready:
             emulated = environment.emulation
             cap = emulated.gpu_bytes if emulated else (environment.vram_total_bytes or 0)
@@ -312,7 +312,7 @@ def summary(rungs: list[Rung], claims_held: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on a T4 (what notebook 06 compares with nbval)."""
     return "\n".join([
         "methods: " + ", ".join(m for m, _ in METHODS),
-        f"every rung ran or explained itself: {claims.every(bench.explained(r.result) for r in rungs)}",
+        f"every rung ran or explained itself: {claims.every(runner.explained(r.result) for r in rungs)}",
         f"all checks held: {claims.every(held for _, held in claims_held)}",
     ])
 
@@ -327,7 +327,7 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
         gpu = f"{r.result.peak_gpu_allocated_bytes / GiB:.2f} GiB GPU, " if environment.has_gpu else ""
         lines.append(f"{method}: up to {r.shape} ({r.n_params / 1e6:,.0f}M parameters), {gpu}"
                      f"{r.result.peak_host_rss_bytes / GiB:.1f} GiB RAM, {r.result.median_step_s:.2f} s a step.")
-    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == bench.OK]
+    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
     if nvme and phase_peaks(nvme[-1].result):
         top = nvme[-1]
         peaks, rise = phase_peaks(top.result), step_rise(top.result) or 0
@@ -335,7 +335,7 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
                      f" GiB once built, {peaks.get('deepspeed.initialize', 0) / GiB:.1f} GiB after "
                      f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
                      f"backward ({rise / top.n_params:.2f} bytes/param).")
-    stopped = [r for r in rungs if r.result.status not in (bench.OK, bench.NOT_TRIED)]
+    stopped = [r for r in rungs if r.result.status not in (runner.OK, runner.NOT_TRIED)]
     if stopped:
         first = stopped[0]
         lines.append(f"The first limit hit: {first.shape} under {first.method}: {first.result.status}.")

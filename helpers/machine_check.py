@@ -144,7 +144,7 @@ def verdict(environment: Environment) -> list[str]:
         f"{environment.ram_budget_bytes / GB:.1f} GB of RAM: ZeRO-2 CPU offload {memory.FITS} up to "
         f"about {fits / 1e6:,.0f}M parameters, is {memory.TIGHT} up to {tight / 1e6:,.0f}M (within "
         f"{memory.VERDICT_MARGIN:.0%} of the budget) and {memory.NO_FIT} beyond (notebook 06 goes further with "
-        "NVMe offload; `python -m helpers.sizing --model <name>` sizes any model)."
+        "NVMe offload; `python -m helpers sizing --model <name>` sizes any model)."
     )
     if environment.gpu_count > 1:
         lines.append(

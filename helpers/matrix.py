@@ -1,74 +1,18 @@
 """The stage and offload matrix of notebooks 03 and 05: run each config on the same model, data and
-seed (each in its own subprocess, through helpers.bench), predict each with helpers.memory, and
-check the claims ZeRO makes. ``python -m helpers.matrix`` runs it from a terminal:
+seed (each in its own subprocess, through helpers.runner), predict each with helpers.memory, and
+check the claims ZeRO makes. ``python -m helpers matrix`` runs it from a terminal:
 
-    python -m helpers.matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
+    python -m helpers matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from dataclasses import asdict, dataclass
 
-from helpers import bench, claims, config, memory, show
+from helpers import claims, config, memory, runner, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
-@dataclass
-class Row:
-    """One config of the matrix: what ran, what came back, what was predicted."""
-
-    label: str
-    choice: dict
-    spec: bench.RunSpec | None
-    result: bench.RunResult
-    estimate: memory.Estimate | None
-
-
-def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
-               grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
-               world_size: int = 1, progress: bool = True) -> list[Row]:
-    """Run every row of config.STAGE_ROWS (or ``labels``) with ``world_size`` ranks (one per GPU, or CPU
-    ranks with gloo where there is no GPU); NVMe without async_io becomes an explained row."""
-    from tqdm.auto import tqdm
-
-    info = memory.ModelInfo.for_shape(shape)
-    rows = []
-    todo = [(label, choice) for label, choice in config.STAGE_ROWS if labels is None or label in labels]
-    for label, choice in tqdm(todo, desc="configs", disable=not progress):
-        if "nvme" in choice.values() and not nvme_ready:
-            rows.append(Row(label, choice, None, bench.RunResult(
-                label, bench.NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
-            continue
-        ds = config.for_row(choice, info, environment, micro_batch, world_size)
-        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
-                             grad_ckpt=grad_ckpt, label=label, world_size=world_size)
-        est = memory.estimate(info, ds, world_size=world_size, micro_batch=micro_batch, seq_len=seq_len,
-                              grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu)
-        rows.append(Row(label, choice, spec, bench.measure(spec), est))
-    return rows
-
-
-def table(rows: list[Row], environment: kit_env.Environment) -> Table:
-    """Measured and predicted side by side, with the T4-sized limits."""
-    gib = show.gib
-    out = []
-    for r in rows:
-        res, est = r.result, r.estimate
-        out.append((r.label, show.status_cell(res.status, res.message, bench.OK, 70),
-                    gib(res.peak_gpu_allocated_bytes), gib(est.total("gpu")) if est and environment.has_gpu else "-",
-                    gib(res.peak_host_rss_bytes or None), gib(est.total("cpu")) if est else "-",
-                    gib(res.peak_nvme_bytes or None),
-                    show.seconds(res.median_step_s),
-                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", show.loss_cell(res.losses, 4)))
-    return Table(["config", "status", "GPU GiB", "GPU predicted", "host RSS GiB", "host predicted", "NVMe GiB",
-                  "s/step", "tokens/s", "loss first -> last"], out,
-                 title=f"ZeRO stages and offload, {environment.measured_on()}")
-
-
-def plot(rows: list[Row], environment: kit_env.Environment):
+def plot(rows: list[runner.Row], environment: kit_env.Environment):
     """Four figures: GPU memory against the T4's 15 GiB, host RAM against Colab's 12.7 GB, seconds per
     step, loss curves."""
 
@@ -109,7 +53,7 @@ def losses_match(base: list[float], other: list[float], first_tol: float, all_to
             and claims.every(claims.within(b, a, all_tol) for a, b in zip(base, other)))
 
 
-def skipped_note(base: bench.RunResult, other: bench.RunResult) -> str:
+def skipped_note(base: runner.RunResult, other: runner.RunResult) -> str:
     """Where two runs skipped different numbers of steps for fp16 overflow, a clause saying so (their
     losses part at the first skip: a skipped step changes no weight); else empty."""
     a, b = base.skipped_steps or 0, other.skipped_steps or 0
@@ -117,7 +61,7 @@ def skipped_note(base: bench.RunResult, other: bench.RunResult) -> str:
                               "lower fp16's initial_scale_power")
 
 
-def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
+def checks(rows: list[runner.Row], environment: kit_env.Environment, nvme_ready: bool,
            gpu_rtol: float = 0.15, model: str = "") -> list[claims.Claim]:
     """The claims notebook 05 asserts, each (claim, held). Each can fail on a bad run: stage 0 must
     run, at least one offload row must run, NVMe must run where libaio is ready, and at least two
@@ -127,10 +71,10 @@ def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
         return [(f"{model}: {sentence}", held)
                 for sentence, held in checks(rows, environment, nvme_ready, gpu_rtol)]
     asked = {r.label for r in rows}
-    ok = {r.label: r for r in rows if r.result.status == bench.OK}
+    ok = {r.label: r for r in rows if r.result.status == runner.OK}
     offload = [r for r in rows if r.choice.get("offload_optimizer", "none") != "none"]
     out = [("every config ran, or hit a limit, or says why it did not run (no errors)",
-            claims.every(bench.explained(r.result) for r in rows)),
+            claims.every(runner.explained(r.result) for r in rows)),
            ("stage 0 ran (the baseline every row is compared with)", "stage 0" in ok),
            ("at least one offload config ran", any(r.label in ok for r in offload))]
     nvme = [r for r in rows if "nvme" in r.choice.values()]
@@ -161,12 +105,12 @@ def checks(rows: list[Row], environment: kit_env.Environment, nvme_ready: bool,
     return out
 
 
-def summary(rows: list[Row], claims_held: list[claims.Claim]) -> str:
+def summary(rows: list[runner.Row], claims_held: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on a T4 (what notebook 05 compares with nbval)."""
     loss_claims = [held for sentence, held in claims_held if "losses match" in sentence]
     return "\n".join([
         "configs: " + ", ".join(r.label for r in rows),
-        f"every config ran or explained itself: {claims.every(bench.explained(r.result) for r in rows)}",
+        f"every config ran or explained itself: {claims.every(runner.explained(r.result) for r in rows)}",
         f"losses agree with stage 0: {claims.every(loss_claims)}",
         f"all checks held: {claims.every(held for _, held in claims_held)}",
     ])
@@ -200,17 +144,17 @@ def two_rank_plan(environment: kit_env.Environment) -> tuple[str | None, str]:
 def launch_note(shape: str, steps: int, world_size: int = 2) -> str:
     """How the 2-rank runs are launched, and the same for your own script from a notebook cell."""
     return (f"each config runs as:  python -m torch.distributed.run --nproc-per-node {world_size} "
-            f"-m helpers.bench --worker <spec.json>\n"
-            f"the same from a terminal:  python -m helpers.matrix --world-size {world_size} --shape {shape} "
+            f"-m helpers worker <spec.json>\n"
+            f"the same from a terminal:  python -m helpers matrix --world-size {world_size} --shape {shape} "
             f"--steps {steps}\n"
             f"your own script from a cell:  !deepspeed --num_gpus {world_size} train.py --deepspeed configs/zero2.json")
 
 
-def _rank_bytes(row: Row, kind: str) -> list[int]:
+def _rank_bytes(row: runner.Row, kind: str) -> list[int]:
     return [r.get(kind) or 0 for r in row.result.ranks]
 
 
-def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environment) -> Table:
+def two_rank_table(one: list[runner.Row], two: list[runner.Row], environment: kit_env.Environment) -> Table:
     """What one rank holds with 1 rank and with 2, per config: ZeRO's fractions, measured."""
     solo = {r.label: r for r in one}
     mib, gib = show.mib, show.gib
@@ -227,7 +171,7 @@ def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environm
             peaks = [x.get("peak_gpu_allocated_bytes") for x in r.result.ranks]
             cells += [f"{gib(peak_one)} -> {' / '.join(gib(p) for p in peaks) or '-'}",
                       gib(r.estimate.total("gpu")) if r.estimate else "-"]
-        status = show.status_cell(r.result.status, r.result.message, bench.OK, 60)
+        status = show.status_cell(r.result.status, r.result.message, runner.OK, 60)
         loss = show.loss_cell(r.result.losses, 4)
         rows.append((r.label, status, *cells, loss))
     head = ["config", "status", "optimizer MiB/rank (1 -> 2 ranks)", "gradients MiB/rank", "parameters MiB/rank"]
@@ -236,30 +180,18 @@ def two_rank_table(one: list[Row], two: list[Row], environment: kit_env.Environm
     return Table(head + ["loss (2 ranks)"], rows, title="What one rank holds, 1 rank against 2")
 
 
-def ranks_table(rows: list[Row]) -> Table:
-    """Every rank's bytes of optimizer states, gradients and parameters, and its peak GPU memory."""
-    out = []
-    for r in rows:
-        for x in r.result.ranks:
-            peak = x.get("peak_gpu_allocated_bytes")
-            out.append((r.label, x.get("rank"), *(show.mib(x.get(k) or 0) for k in PARTITIONED_FROM),
-                        show.gib(peak)))
-    return Table(["config", "rank", "optimizer MiB", "gradients MiB", "parameters MiB", "peak GPU GiB"], out,
-                 title="Per rank")
-
-
-def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environment,
+def two_rank_checks(one: list[runner.Row], two: list[runner.Row], environment: kit_env.Environment,
                     rtol: float = 0.02) -> list[tuple[str, bool]]:
     """With 2 ranks each rank holds half of what 1 rank holds, for exactly the kinds its stage
     partitions; losses agree with stage 0 (2 ranks) and, at the first step, with 1 rank; on GPUs the
     partitioning stages use less GPU memory per rank than with 1 rank."""
-    solo = {r.label: r for r in one if r.result.status == bench.OK}
-    out = [(f"all {len(two)} 2-rank runs ok", claims.every(r.result.status == bench.OK for r in two))]
+    solo = {r.label: r for r in one if r.result.status == runner.OK}
+    out = [(f"all {len(two)} 2-rank runs ok", claims.every(r.result.status == runner.OK for r in two))]
     first_tol, all_tol = loss_tolerance(environment)
-    base = next((r for r in two if r.label == "stage 0" and r.result.status == bench.OK), None)
+    base = next((r for r in two if r.label == "stage 0" and r.result.status == runner.OK), None)
     for r in two:
         s = solo.get(r.label)
-        if r.result.status != bench.OK or not (s and s.result.ranks and len(r.result.ranks) == 2):
+        if r.result.status != runner.OK or not (s and s.result.ranks and len(r.result.ranks) == 2):
             continue
         stage = int(r.choice.get("stage", 0))
         for kind, from_stage in PARTITIONED_FROM.items():
@@ -280,46 +212,12 @@ def two_rank_checks(one: list[Row], two: list[Row], environment: kit_env.Environ
     return out
 
 
-def _rows_option(value: str) -> list[str]:
-    """``--only``'s type: comma-separated rows of :data:`helpers.config.STAGE_ROWS`."""
-    known = [label for label, _ in config.STAGE_ROWS]
-    rows = [x.strip() for x in value.split(",") if x.strip()]
-    unknown = [x for x in rows if x not in known]
-    if unknown or not rows:
-        what = f"unknown matrix row(s) {', '.join(map(repr, unknown))}" if unknown else "names no matrix row"
-        raise argparse.ArgumentTypeError(f"{value!r}: {what}; choose from {', '.join(map(repr, known))}")
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The matrix from a terminal: every row (or ``--only`` some), a table of measured and predicted
-    bytes, and each rank's bytes. Bad options end in one line and exit status 2."""
-    from helpers import cli
-
-    parser = cli.OneLineParser(prog="python -m helpers.matrix", name="matrix",
-                               description="Run notebook 05's stage and offload matrix, each row in a subprocess.")
-    bench.add_run_options(parser)
-    parser.add_argument("--only", type=_rows_option,
-                        help="a comma-separated list of rows, e.g. 'stage 0,stage 3'")
-    args = parser.parse_args(argv)
-    bench.refuse_more_ranks_than_gpus(parser, args.world_size)
-    machine = kit_env.describe()
-    rows = run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
-                      nvme_ready=kit_env.libaio_available(), labels=args.only, world_size=args.world_size, progress=False)
-    if args.json:
-        print(json.dumps([asdict(r.result) for r in rows], indent=1))
-    else:
-        print(table(rows, machine))
-        print(ranks_table(rows))
-    return 0 if all(bench.explained(r.result) for r in rows) else 1
-
-
-def takeaways(rows: list[Row], environment: kit_env.Environment, other: list[Row] | None = None,
+def takeaways(rows: list[runner.Row], environment: kit_env.Environment, other: list[runner.Row] | None = None,
               extra: list[str] | None = None) -> list[str]:
     """Notebook 05's summary: what the stages and offload did on this machine, from this run (with
     ``other``, another model shape's rows beside these: :func:`shape_takeaway`; ``extra`` lines
     before the next step)."""
-    ok = {r.label: r.result for r in rows if r.result.status == bench.OK}
+    ok = {r.label: r.result for r in rows if r.result.status == runner.OK}
     where = "GPU" if environment.has_gpu else "host RAM (no GPU: everything lives in RAM)"
     peak = (lambda r: r.peak_gpu_allocated_bytes) if environment.has_gpu else (lambda r: r.peak_host_rss_bytes)
     ranked = sorted((peak(r) or 0, label) for label, r in ok.items())
@@ -348,14 +246,14 @@ def takeaways(rows: list[Row], environment: kit_env.Environment, other: list[Row
     return lines
 
 
-def shape_takeaway(rows: list[Row], other: list[Row], environment: kit_env.Environment) -> str:
+def shape_takeaway(rows: list[runner.Row], other: list[runner.Row], environment: kit_env.Environment) -> str:
     """One line: two models (say GPT-2 and a Llama-style one of the same size) under the same
     configs, their peaks and step times side by side, from this run."""
     place = "GPU" if environment.has_gpu else "host RAM"
     peak = (lambda r: r.peak_gpu_allocated_bytes) if environment.has_gpu else (lambda r: r.peak_host_rss_bytes)
-    mine = {r.label: r for r in rows if r.result.status == bench.OK}
+    mine = {r.label: r for r in rows if r.result.status == runner.OK}
     pairs = [(r.label, mine[r.label].result, r.result) for r in other
-             if r.result.status == bench.OK and r.label in mine]
+             if r.result.status == runner.OK and r.label in mine]
     if not pairs or not rows or not other:
         return "The two model shapes had no config that ran under both."
     a, b = rows[0].spec.shape if rows[0].spec else "first", other[0].spec.shape if other[0].spec else "second"
@@ -365,7 +263,7 @@ def shape_takeaway(rows: list[Row], other: list[Row], environment: kit_env.Envir
 
 
 def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environment, mistakes_caught: int,
-                         mistakes: int, measured: bench.RunResult | None, micro_batch: int,
+                         mistakes: int, measured: runner.RunResult | None, micro_batch: int,
                          seq_len: int) -> list[str]:
     """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
     def gpu_of(choice: dict) -> float:
@@ -378,12 +276,8 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
              f"{model.name} ({model.n_params / 1e6:,.0f}M parameters) at {micro_batch} x {seq_len}: predicted "
              f"{place} {gpu_of({'stage': 0}):.2f} GiB at stage 0, {gpu_of({'stage': 2}):.2f} at stage 2, "
              f"{gpu_of({'stage': 2, 'offload_optimizer': 'cpu'}):.2f} at stage 2 with CPU offload."]
-    if measured is not None and measured.status == bench.OK:
+    if measured is not None and measured.status == runner.OK:
         peak = measured.peak_gpu_allocated_bytes if environment.has_gpu else measured.peak_host_rss_bytes
         lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
     lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
     return lines
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, config, memory
+from helpers import claims, config, memory, runner
 from helpers import env as kit_env
 from helpers.show import Table, gib
 
@@ -47,7 +47,7 @@ def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
     holds afterwards."""
     data = json.loads(Path(path).read_text())
     # a resumed grid may list an id twice: the last wins
-    latest = {r["id"]: r for r in new_rows if r.get("status") != bench.NOT_TRIED}
+    latest = {r["id"]: r for r in new_rows if r.get("status") != runner.NOT_TRIED}
     data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return len(data["rows"])

@@ -3,7 +3,7 @@
 :func:`estimate` predicts every place and kind at each place's peak, and when in the step the
 peak falls; :func:`verdict` (below) turns a figure into "fits" / "tight" / "does not fit";
 helpers.measurements checks the estimate against stored runs (the validation half);
-``python -m helpers.sizing`` sizes any model. :func:`cpu_offload_host_bytes` and
+``python -m helpers sizing`` sizes any model. :func:`cpu_offload_host_bytes` and
 :func:`cpu_offload_max_params` answer the question notebook 01's verdict asks ("how large a
 model can ZeRO-2 with CPU offload train in this much RAM?") with the same estimate, so the kit
 has one host-RAM model, not two.

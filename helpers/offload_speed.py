@@ -1,12 +1,12 @@
 """Make CPU offload faster (notebook 05's last section): plain ZeRO-2 CPU offload against
 DeepSpeed's partial offload, which takes work off the CPU, on the same model, data and seed, each run in its
-own subprocess through helpers.bench:
+own subprocess through helpers.runner:
 
 - **partial offload** (ZeRO-3, ``offload_optimizer.ratio``): only that fraction of the optimizer
   states and of Adam's step goes to the CPU; the rest stays on the GPU, where it costs GPU memory.
   In DeepSpeed 0.19.8 the GPU's share ignores the learning-rate schedule (it trains at the peak
   rate from step 1; measured: losses part from plain's at step 2, 8.59 against 8.23 at GPT-2 124M):
-  helpers.deepspeed_fixes.fix_partial_offload_schedule, which helpers.bench applies, mends it;
+  helpers.deepspeed_fixes.fix_partial_offload_schedule, which helpers.runner applies, mends it;
 
 ZenFlow is not among the variants: in DeepSpeed 0.19.8 it scrambles every 2-D weight at
 ``deepspeed.initialize`` (its flatten stores matrices transposed, ``_update_model_bit16_weights``
@@ -23,7 +23,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-from helpers import bench, claims, config, matrix, memory, show
+from helpers import claims, config, matrix, memory, runner, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
@@ -46,7 +46,7 @@ class Variant:
 
     shape: str
     name: str
-    result: bench.RunResult
+    result: runner.RunResult
     n_params: int
 
 
@@ -74,21 +74,21 @@ def run_variants(shapes: list[str], environment: kit_env.Environment, micro_batc
     for shape, name in tqdm(todo, desc="offload variants", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
         ds = variant_config(name, info, environment, micro_batch, steps)
-        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch,
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch,
                              steps=steps, grad_ckpt=True, label=f"{shape} {name}")
-        out.append(Variant(shape, name, bench.measure(spec), info.n_params))
+        out.append(Variant(shape, name, runner.measure(spec), info.n_params))
     return out
 
 
-def _plain(variants: list[Variant], shape: str) -> bench.RunResult | None:
+def _plain(variants: list[Variant], shape: str) -> runner.RunResult | None:
     return next((v.result for v in variants if v.shape == shape and v.name == PLAIN
-                 and v.result.status == bench.OK), None)
+                 and v.result.status == runner.OK), None)
 
 
 def speedup(variant: Variant, variants: list[Variant]) -> float | None:
     """Plain CPU offload's step time over this variant's, at the same size (None: one did not run)."""
     plain = _plain(variants, variant.shape)
-    mine = variant.result.median_step_s if variant.result.status == bench.OK else None
+    mine = variant.result.median_step_s if variant.result.status == runner.OK else None
     return plain.median_step_s / mine if plain and plain.median_step_s and mine else None
 
 
@@ -100,8 +100,8 @@ def table(variants: list[Variant], environment: kit_env.Environment) -> Table:
         r, plain = v.result, _plain(variants, v.shape)
         up = speedup(v, variants)
         gap = (f"{r.losses[-1] - plain.losses[-1]:+.3f}" if plain and plain.losses and r.losses
-               and r.status == bench.OK else "-")
-        rows.append((v.shape, v.name, show.status_cell(r.status, r.message, bench.OK, 70),
+               and r.status == runner.OK else "-")
+        rows.append((v.shape, v.name, show.status_cell(r.status, r.message, runner.OK, 70),
                      show.seconds(r.median_step_s), "-" if up is None else f"{up:.2f}x",
                      show.gib(r.peak_gpu_allocated_bytes), show.gib(r.peak_host_rss_bytes or None),
                      show.loss_cell(r.losses), gap))
@@ -117,11 +117,11 @@ def checks(variants: list[Variant], environment: kit_env.Environment) -> list[cl
     helpers.deepspeed_fixes for that) and ended finite."""
     shapes = list(dict.fromkeys(v.shape for v in variants))
     first_tol, all_tol = matrix.loss_tolerance(environment)
-    ran = [v for v in variants if v.name != PLAIN and v.result.status == bench.OK]
+    ran = [v for v in variants if v.name != PLAIN and v.result.status == runner.OK]
     out = [(f"plain CPU offload ran at every size ({', '.join(shapes)})",
             bool(shapes) and claims.every(_plain(variants, s) is not None for s in shapes)),
            ("every variant ran, or its row shows the error DeepSpeed gave",
-            claims.every(v.result.status == bench.OK or bool(v.result.message) for v in variants)),
+            claims.every(v.result.status == runner.OK or bool(v.result.message) for v in variants)),
            (f"at least one faster-offload variant ran beside plain ({len(ran)} runs)", bool(ran))]
     for v in ran:
         plain = _plain(variants, v.shape)
@@ -137,7 +137,7 @@ def winners(variants: list[Variant]) -> dict[str, Variant | None]:
     best: dict[str, Variant | None] = {}
     for v in variants:
         best.setdefault(v.shape, None)
-        fast = v.result.status == bench.OK and v.result.median_step_s
+        fast = v.result.status == runner.OK and v.result.median_step_s
         if fast and (best[v.shape] is None or v.result.median_step_s < best[v.shape].result.median_step_s):
             best[v.shape] = v
     return best
@@ -157,6 +157,6 @@ def takeaways(variants: list[Variant], environment: kit_env.Environment) -> list
                      + (f" ({up:.2f}x plain CPU offload)" if up else "") + gpu
                      + f", {v.result.peak_host_rss_bytes / GiB:.1f} GiB host RSS.")
     for v in variants:
-        if v.result.status != bench.OK:
+        if v.result.status != runner.OK:
             lines.append(f"{v.shape} {v.name}: {v.result.status}: {v.result.message[:160]}")
     return lines

@@ -3,25 +3,16 @@ parallelism (AutoTP) on 2 GPUs (2 gloo CPU ranks without a GPU), each run in a f
 (``torchrun`` for 2 ranks) that returns one JSON file per rank; the refusals DeepSpeed makes
 (ZeRO-2/3 with a pipeline, ZeRO-3 with native MoE) caught and explained; checks that fail on a
 bad run. The model code the runs execute is ``helpers.parallel_models`` (shown in the notebook).
-
-    python -m helpers.parallel --worker <spec.json>     # one rank of one run (the runner starts it)
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-from helpers import bench, claims, matrix, show
+from helpers import claims, matrix, runner, show
 from helpers import env as kit_env
 from helpers.show import Table
 
@@ -171,9 +162,7 @@ def _mean_over_ranks(value: float, device) -> float:
 
 
 def _held(engine, result: dict) -> None:
-    from helpers import accounting
-
-    result.update({k: v for k, v in accounting.held_bytes(engine).items() if k != "grads_bytes"})
+    result.update({k: v for k, v in runner.held_bytes(engine).items() if k != "grads_bytes"})
     result["n_params"] = sum(p.numel() for p in engine.module.parameters())
 
 
@@ -320,90 +309,45 @@ def _refusals(spec: ParallelSpec, result: dict) -> None:
     result["refusals"] = found
 
 
-def _worker(spec_path: str) -> int:
-    raw = json.loads(Path(spec_path).read_text())
-    out_dir = Path(raw.pop("out_dir"))
-    spec = ParallelSpec(**raw)
-    rank = int(os.environ.get("RANK", "0"))
-    result: dict = {"rank": rank, "status": bench.ERROR, "message": ""}
-    try:
-        (_refusals if spec.kind == "refusals" else _train)(spec, result)
-        result["status"] = bench.OK
-    except BaseException as err:  # every failure comes back as JSON; the parent explains it
-        result["status"] = bench.OOM if kit_env.is_out_of_memory(err) else bench.ERROR
-        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-        result["message"] = f"{type(err).__name__}: {' | '.join(lines[:3])}"[:500]
-    finally:
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-    return 0 if result["status"] == bench.OK else 3
+#: The entry point each rank of a notebook 08 run starts at (helpers.runner runs it).
+RANK_ENTRY = "helpers.parallel:run_rank"
+
+
+def run_rank(payload: dict, result: dict) -> None:
+    """One rank of one run, inside its subprocess: the refusals, or a run to train and measure."""
+    spec = ParallelSpec(**payload)
+    (_refusals if spec.kind == "refusals" else _train)(spec, result)
 
 
 # ---- the parent ----------------------------------------------------------------------------------
 
 
-def not_here(spec: ParallelSpec, why: str) -> bench.RunResult:
+def not_here(spec: ParallelSpec, why: str) -> runner.RunResult:
     """A run that was not started, and why (one GPU: nothing to split across)."""
-    return bench.RunResult(spec.label, bench.NOT_HERE, why, world_size=spec.world_size)
+    return runner.RunResult(spec.label, runner.NOT_HERE, why, world_size=spec.world_size)
 
 
-def measure(spec: ParallelSpec) -> bench.RunResult:
-    """Run ``spec`` in a fresh subprocess (``torchrun`` for 2 ranks); every rank's JSON comes
-    back in ``ranks``. A spec that cannot run is refused in one line (ValueError)."""
+def measure(spec: ParallelSpec) -> runner.RunResult:
+    """Run ``spec`` in a fresh subprocess (``torchrun`` for 2 ranks, through helpers.runner);
+    every rank's JSON comes back in ``ranks``. A spec that cannot run is refused in one line
+    (ValueError)."""
     bad = spec.problems()
     if bad:
         raise ValueError(f"{spec.label or spec.kind}: " + "; ".join(bad))
-    result = _run_once(spec)
-    return _run_once(spec) if bench._port_clash(result) else result
-
-
-def _run_once(spec: ParallelSpec) -> bench.RunResult:
-    import psutil
-
-    work = Path(tempfile.mkdtemp(prefix="kit_parallel_"))
-    spec_path = work / "spec.json"
-    spec_path.write_text(json.dumps({**asdict(spec), "out_dir": str(work)}))
-    worker = ["-m", "helpers.parallel", "--worker", str(spec_path)]
-    cmd = [sys.executable, *worker] if spec.world_size == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-        str(spec.world_size), "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()),
-        *worker]
-    log_path = work / "log.txt"
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=str(kit_env.REPO_ROOT),
-                                env=bench._child_env(spec.world_size, spec.force_cpu),
-                                start_new_session=True)
-        watched, peak_rss, timed_out = psutil.Process(proc.pid), 0, False
-        while proc.poll() is None:
-            peak_rss = max(peak_rss, bench._tree_rss(watched))
-            if time.perf_counter() - start > spec.timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                timed_out = True
-            time.sleep(0.1)
-    ranks = sorted((json.loads(p.read_text()) for p in work.glob("rank*.json")),
-                   key=lambda r: r["rank"])
-    result = bench.RunResult(spec.label or spec.kind, bench.ERROR, world_size=spec.world_size,
-                             peak_host_rss_bytes=peak_rss, wall_s=time.perf_counter() - start)
-    if timed_out:
-        result.status, result.message = bench.TIMEOUT, f"stopped after {spec.timeout_s} s"
-    elif not ranks:
-        result.message = (bench._last_error(log_path.read_text(errors="replace"))
-                          or f"exit code {proc.returncode}")
-    else:
-        merge(result, ranks, spec)
-    shutil.rmtree(work, ignore_errors=True)
-    bench.log_record({"shape": spec.kind, **asdict(result)})
+    result = runner.run_ranks(asdict(spec), RANK_ENTRY, spec.world_size, spec.label or spec.kind,
+                              timeout_s=spec.timeout_s, force_cpu=spec.force_cpu,
+                              merge=lambda result, ranks: merge(result, ranks, spec),
+                              work_prefix="kit_parallel_")
+    runner.report({"shape": spec.kind, **asdict(result)})
     return result
 
 
-def merge(result: bench.RunResult, ranks: list[dict], spec: ParallelSpec) -> bench.RunResult:
+def merge(result: runner.RunResult, ranks: list[dict], spec: ParallelSpec) -> runner.RunResult:
     """Fill a result from the ranks' JSON: status (every rank ok), rank 0's losses and step
     times (losses are already the mean over ranks), tokens/s, the largest GPU peak, all ranks."""
-    bad = [r for r in ranks if r.get("status") != bench.OK]
-    result.status = (bench.OK if not bad and len(ranks) == spec.world_size
-                     else bad[0]["status"] if bad else bench.ERROR)
+    bad = [r for r in ranks if r.get("status") != runner.OK]
+    result.status = (runner.OK if not bad and len(ranks) == spec.world_size
+                     else bad[0]["status"] if bad else runner.ERROR)
     result.message = bad[0].get("message", "") if bad else (
         "" if len(ranks) == spec.world_size
         else f"{len(ranks)} of {spec.world_size} ranks reported")
@@ -441,7 +385,7 @@ def _run_all(specs: list[tuple[ParallelSpec, bool]], why: str, progress: bool) -
 
 
 def pipeline_runs(base: ParallelSpec, environment: kit_env.Environment,
-                  progress: bool = True) -> dict[str, bench.RunResult]:
+                  progress: bool = True) -> dict[str, runner.RunResult]:
     """The same GPT, data and seed: on 1 rank, data parallel on 2 (ZeRO-1), a 2-stage pipeline
     (ZeRO-1), and the pipeline again with 1 micro-batch per step (the bubble at its largest)."""
     two, why = two_rank_note(environment)
@@ -455,7 +399,7 @@ def pipeline_runs(base: ParallelSpec, environment: kit_env.Environment,
 
 
 def moe_runs(base: ParallelSpec, environment: kit_env.Environment,
-             progress: bool = True) -> dict[str, bench.RunResult]:
+             progress: bool = True) -> dict[str, runner.RunResult]:
     """The MoE GPT (ZeRO-2) with all experts on 1 rank, then spread over 2 (ep_size=2)."""
     two, why = two_rank_note(environment)
     moe = replace(base, kind="moe", stage=2)
@@ -465,7 +409,7 @@ def moe_runs(base: ParallelSpec, environment: kit_env.Environment,
 
 
 def tp_runs(base: ParallelSpec, environment: kit_env.Environment,
-            progress: bool = True) -> dict[str, bench.RunResult]:
+            progress: bool = True) -> dict[str, runner.RunResult]:
     """A Hugging Face Llama-shaped model (ZeRO-2) on 1 rank, then split by AutoTP over 2."""
     two, why = two_rank_note(environment)
     tp = replace(base, kind="autotp", stage=2)
@@ -477,12 +421,12 @@ def tp_runs(base: ParallelSpec, environment: kit_env.Environment,
 # ---- checks --------------------------------------------------------------------------------------
 
 
-def _ok(runs: dict, label: str) -> bench.RunResult | None:
+def _ok(runs: dict, label: str) -> runner.RunResult | None:
     r = runs.get(label)
-    return r if r is not None and r.status == bench.OK else None
+    return r if r is not None and r.status == runner.OK else None
 
 
-def _losses_claim(label: str, run: bench.RunResult | None, base: bench.RunResult | None,
+def _losses_claim(label: str, run: runner.RunResult | None, base: runner.RunResult | None,
                   environment: kit_env.Environment) -> claims.Claim:
     first, every = matrix.loss_tolerance(environment)
     a, b = (base.losses if base else []), (run.losses if run else [])
@@ -494,10 +438,10 @@ def _losses_claim(label: str, run: bench.RunResult | None, base: bench.RunResult
 
 def _ran_or_explained(runs: dict) -> claims.Claim:
     return ("every run ran, or says why it did not (no errors)",
-            claims.every(bench.explained(r) for r in runs.values()))
+            claims.every(runner.explained(r) for r in runs.values()))
 
 
-def _split_claim(label: str, run: bench.RunResult | None, whole: int,
+def _split_claim(label: str, run: runner.RunResult | None, whole: int,
                  share_max: float) -> list[claims.Claim]:
     """Each of 2 ranks holds at most ``share_max`` of the whole model's parameters."""
     held = [r.get("n_params") or 0 for r in (run.ranks if run else [])]
@@ -508,8 +452,8 @@ def _split_claim(label: str, run: bench.RunResult | None, whole: int,
              whole > 0 and claims.every(0 < h <= share_max * whole for h in held))]
 
 
-def _gpu_split_claim(label: str, run: bench.RunResult | None,
-                     base: bench.RunResult | None) -> claims.Claim:
+def _gpu_split_claim(label: str, run: runner.RunResult | None,
+                     base: runner.RunResult | None) -> claims.Claim:
     peaks = [r.get("peak_gpu_allocated_bytes") or 0 for r in (run.ranks if run else [])]
     whole = base.peak_gpu_allocated_bytes if base else None
     return (f"{label}: every GPU peaks below the 1-GPU run's peak",
@@ -522,7 +466,7 @@ def pipeline_checks(runs: dict, environment: kit_env.Environment) -> list[claims
     base = _ok(runs, BASE)
     out = [_ran_or_explained(runs), (f"{BASE} ran", base is not None),
            claims.loss_falls_claim(BASE, base.losses if base else [])]
-    if runs.get(PIPE) and runs[PIPE].status == bench.NOT_HERE:
+    if runs.get(PIPE) and runs[PIPE].status == runner.NOT_HERE:
         return out
     pipe, data_parallel = _ok(runs, PIPE), _ok(runs, DP)
     whole = base.n_params if base else 0
@@ -557,7 +501,7 @@ def moe_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Clai
                     tokens_seen(run) > 0 and claims.every(
                         tokens_routed(run, layer) == tokens_seen(run)
                         for layer in range(len(run.ranks[0].get("expert_counts") or [])))))
-    if runs.get(MOE_2) and runs[MOE_2].status == bench.NOT_HERE:
+    if runs.get(MOE_2) and runs[MOE_2].status == runner.NOT_HERE:
         return out
     two = _ok(runs, MOE_2)
     solo = one.ranks[0] if one else {}
@@ -579,7 +523,7 @@ def tp_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Claim
     one = _ok(runs, TP_1)
     out = [_ran_or_explained(runs), (f"{TP_1} ran", one is not None),
            claims.loss_falls_claim(TP_1, one.losses if one else [])]
-    if runs.get(TP_2) and runs[TP_2].status == bench.NOT_HERE:
+    if runs.get(TP_2) and runs[TP_2].status == runner.NOT_HERE:
         return out
     two = _ok(runs, TP_2)
     out += _split_claim(TP_2, two, one.n_params if one else 0, 0.8)
@@ -589,12 +533,12 @@ def tp_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Claim
     return out
 
 
-def refusal_checks(result: bench.RunResult) -> list[claims.Claim]:
+def refusal_checks(result: runner.RunResult) -> list[claims.Claim]:
     """Each combination of :data:`REFUSALS` was refused with DeepSpeed's expected words: a check
     that fails the day DeepSpeed accepts one (or refuses it for another reason)."""
     found = {r["combination"]: r for r in (result.ranks[0].get("refusals", [])
                                            if result.ranks else [])}
-    out = [("the refusal run came back", result.status == bench.OK and bool(found))]
+    out = [("the refusal run came back", result.status == runner.OK and bool(found))]
     for name, (words, _) in REFUSALS.items():
         got = found.get(name, {})
         out.append((f"{name}: DeepSpeed refuses it ({words!r})",
@@ -605,10 +549,10 @@ def refusal_checks(result: bench.RunResult) -> list[claims.Claim]:
 # ---- figures derived from the runs ---------------------------------------------------------------
 
 
-def idle_fraction(run: bench.RunResult | None) -> float | None:
+def idle_fraction(run: runner.RunResult | None) -> float | None:
     """The share of a pipeline step a stage spent outside forward and backward (waiting for the
     other stage, sending, the optimizer step), the busiest stage's, steps after the first."""
-    if run is None or run.status != bench.OK:
+    if run is None or run.status != runner.OK:
         return None
     shares = []
     for r in run.ranks:
@@ -623,18 +567,18 @@ def bubble_theory(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def tokens_routed(run: bench.RunResult, layer: int) -> int:
+def tokens_routed(run: runner.RunResult, layer: int) -> int:
     """Tokens the gates of one MoE layer assigned over the run, all ranks together."""
     return sum(sum(counts[layer]) for r in run.ranks
                if len(counts := r.get("expert_counts") or []) > layer)
 
 
-def tokens_seen(run: bench.RunResult) -> int:
+def tokens_seen(run: runner.RunResult) -> int:
     """Tokens that entered each MoE layer over the run, all ranks together."""
     return sum(r.get("tokens") or 0 for r in run.ranks)
 
 
-def expert_tokens(run: bench.RunResult) -> list[int]:
+def expert_tokens(run: runner.RunResult) -> list[int]:
     """Tokens each expert received over the run (all layers, all ranks)."""
     totals: list[int] = []
     for r in run.ranks:
@@ -643,7 +587,7 @@ def expert_tokens(run: bench.RunResult) -> list[int]:
     return totals
 
 
-def moe_sizes(run: bench.RunResult | None, experts: int) -> dict[str, int]:
+def moe_sizes(run: runner.RunResult | None, experts: int) -> dict[str, int]:
     """Parameters of the MoE GPT as one rank with all experts counted them: all of them, and
     those one token passes through (top-1: the dense part plus one expert of each layer), which
     sets the compute per token. Empty when the run did not come back."""
@@ -727,18 +671,18 @@ def three_d_figure():
     return fig
 
 
-def refusal_table(result: bench.RunResult) -> Table:
+def refusal_table(result: runner.RunResult) -> Table:
     """Each combination tried, whether DeepSpeed refused it, its words and the kit's why."""
     found = {r["combination"]: r for r in (result.ranks[0].get("refusals", [])
                                            if result.ranks else [])}
     rows = [(name, found.get(name, {}).get("refused"), found.get(name, {}).get("error") or
-             show.status_cell(result.status, result.message, bench.OK, 80), why)
+             show.status_cell(result.status, result.message, runner.OK, 80), why)
             for name, (_, why) in REFUSALS.items()]
     return Table(["combination", "refused", "DeepSpeed says", "why (the kit's explanation)"], rows,
                  title="Combinations DeepSpeed refuses (tried in a fresh process, errors caught)")
 
 
-def _per_rank(run: bench.RunResult, key: str, fmt=lambda v: f"{v:,}") -> str:
+def _per_rank(run: runner.RunResult, key: str, fmt=lambda v: f"{v:,}") -> str:
     values = [r.get(key) for r in run.ranks]
     return " / ".join("-" if v is None else fmt(v) for v in values) or "-"
 
@@ -751,7 +695,7 @@ def runs_table(runs: dict, title: str, environment: kit_env.Environment) -> Tabl
         idle = idle_fraction(r)
         m = r.ranks[0].get("micro_batches") if r.ranks and label.startswith("pipeline") else None
         theory = f"{bubble_theory(2, m):.0%}" if m else "-"
-        rows.append((label, show.status_cell(r.status, r.message, bench.OK, 70), r.world_size,
+        rows.append((label, show.status_cell(r.status, r.message, runner.OK, 70), r.world_size,
                      _per_rank(r, "n_params"),
                      _per_rank(r, "peak_gpu_allocated_bytes", show.gib) if environment.has_gpu
                      else "-", show.seconds(r.median_step_s),
@@ -767,7 +711,7 @@ def moe_table(runs: dict) -> Table:
     """Per rank: the experts it holds, expert and dense parameters, tokens its experts got."""
     rows = []
     for label, r in runs.items():
-        totals = expert_tokens(r) if r.status == bench.OK else []
+        totals = expert_tokens(r) if r.status == runner.OK else []
         for x in r.ranks:
             held = x.get("experts_held") or []
             rows.append((label, x.get("rank"), ", ".join(map(str, held)) or "-",
@@ -775,14 +719,14 @@ def moe_table(runs: dict) -> Table:
                          sum(totals[i] for i in held if i < len(totals)),
                          show.loss_cell(x.get("aux_losses") or [], 3)))
         if not r.ranks:
-            rows.append((label, "-", show.status_cell(r.status, r.message, bench.OK, 60),
+            rows.append((label, "-", show.status_cell(r.status, r.message, runner.OK, 60),
                          "-", "-", "-", "-"))
     return Table(["run", "rank", "experts held", "expert params", "dense params",
                   "tokens its experts got", "aux loss first -> last"], rows,
                  title="Mixture of experts: who holds what, who computes what")
 
 
-def plot_expert_tokens(run: bench.RunResult | None, title: str = ""):
+def plot_expert_tokens(run: runner.RunResult | None, title: str = ""):
     """Tokens per expert over the run (all layers): the load the auxiliary loss balances."""
     import matplotlib.pyplot as plt
 
@@ -808,7 +752,7 @@ def plot_memory_speed(runs: dict, environment: kit_env.Environment):
     """Per rank: peak GPU GiB on GPUs, else parameters held (millions); and tokens/s per run."""
     import matplotlib.pyplot as plt
 
-    done = {k: r for k, r in runs.items() if r.status == bench.OK}
+    done = {k: r for k, r in runs.items() if r.status == runner.OK}
     fig, (mem, speed) = plt.subplots(1, 2, figsize=(11, 3.4))
     key = "peak_gpu_allocated_bytes" if environment.has_gpu else "n_params"
     scale = show.GiB if environment.has_gpu else 1e6
@@ -839,7 +783,7 @@ def loss_curves(*sections: dict):
     return show.loss_curves(curves, "Loss per step: each layout against its 1-rank run")
 
 
-def takeaways(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
+def takeaways(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
               environment: kit_env.Environment, experts: int) -> list[str]:
     """Notebook 08's summary, each figure from this run."""
     where = "GPU" if environment.has_gpu else "CPU rank (gloo; no GPU here)"
@@ -884,7 +828,7 @@ def takeaways(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
     return lines
 
 
-def summary(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
+def summary(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
             all_claims: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on 2 GPUs (notebook 08's checked output)."""
     runs = {**pipe, **moe, **tp}
@@ -893,21 +837,7 @@ def summary(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
     return "\n".join([
         "runs: " + " | ".join(runs),
         "every run ran or explained itself: "
-        f"{claims.every(bench.explained(r) for r in runs.values())}",
+        f"{claims.every(runner.explained(r) for r in runs.values())}",
         "DeepSpeed refused: " + (" | ".join(said) or "nothing"),
         f"all checks held: {claims.every(held for _, held in all_claims)}",
     ])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``--worker <spec.json>``: one rank of one run, as :func:`measure` starts it."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) == 2 and args[0] == "--worker":
-        return _worker(args[1])
-    print("usage: python -m helpers.parallel --worker <spec.json> (helpers.parallel.measure "
-          "starts it; notebook 08 runs everything)", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers import bench, claims, config, doctor, env, infinity, machine_check, matrix, train
+from helpers import claims, config, doctor, env, infinity, machine_check, matrix, runner, train
 
 XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
 
@@ -47,14 +47,14 @@ def test_an_empty_comparison_is_a_failure_not_a_pass():
 # ---- notebook 05: the matrix ------------------------------------------------------------------------
 
 
-def _row(label, choice, status=bench.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None):
-    result = bench.RunResult(label, status, "" if status == bench.OK else f"{status} (test)", losses=list(losses),
+def _row(label, choice, status=runner.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None):
+    result = runner.RunResult(label, status, "" if status == runner.OK else f"{status} (test)", losses=list(losses),
                              peak_gpu_allocated_bytes=gpu)
-    return matrix.Row(label, choice, None, result, None)
+    return runner.Row(label, choice, None, result, None)
 
 
 def _matrix(**status):
-    return [_row(label, choice, status.get(label, bench.OK)) for label, choice in config.STAGE_ROWS]
+    return [_row(label, choice, status.get(label, runner.OK)) for label, choice in config.STAGE_ROWS]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_a_good_matrix_passes(cpu):
 
 
 def test_an_all_out_of_memory_matrix_fails(cpu):
-    rows = _matrix(**{label: bench.OOM for label, _ in config.STAGE_ROWS})
+    rows = _matrix(**{label: runner.OOM for label, _ in config.STAGE_ROWS})
     bad = failed(matrix.checks(rows, cpu, nvme_ready=True))
     assert "stage 0 ran (the baseline every row is compared with)" in bad
     assert "at least one offload config ran" in bad
@@ -82,7 +82,7 @@ def test_an_all_out_of_memory_matrix_fails(cpu):
 
 
 def test_nvme_rows_that_did_not_run_fail_where_libaio_is_ready(cpu):
-    rows = _matrix(**{"stage 3 + NVMe offload": bench.NOT_HERE})
+    rows = _matrix(**{"stage 3 + NVMe offload": runner.NOT_HERE})
     assert "libaio is ready here, so the NVMe row ran" in failed(matrix.checks(rows, cpu, nvme_ready=True))
     assert failed(matrix.checks(rows, cpu, nvme_ready=False)) == []
 
@@ -101,7 +101,7 @@ def test_a_stage_0_loss_that_jumps_at_the_last_step_fails(cpu):
 def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
     rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in config.STAGE_ROWS]
-    rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=bench.OOM)
+    rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=runner.OOM)
     bad = failed(matrix.checks(rows, gpu, nvme_ready=False))
     assert "stage 2 + CPU offload uses less GPU memory than stage 2 (one did not run)" in bad
 
@@ -123,14 +123,14 @@ def test_two_shapes_side_by_side_quote_both_runs(cpu):
     def rows(shape, gib):
         out = [_row(label, choice, gpu=gib * 2**30) for label, choice in config.STAGE_ROWS[:3]]
         for r in out:
-            r.spec = bench.RunSpec(ds_config={}, shape=shape)
+            r.spec = runner.RunSpec(ds_config={}, shape=shape)
             r.result.median_step_s = gib / 10
         return out
 
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
     line = matrix.shape_takeaway(rows("gpt2-355m", 5), rows("smollm2-360m-shaped", 6), gpu)
     assert line.startswith("Peak GPU, gpt2-355m vs smollm2-360m-shaped: stage 0 5.00 vs 6.00 GiB, 0.50 vs 0.60")
-    none_ran = [_row(label, choice, status=bench.OOM) for label, choice in config.STAGE_ROWS[:3]]
+    none_ran = [_row(label, choice, status=runner.OOM) for label, choice in config.STAGE_ROWS[:3]]
     assert "no config that ran under both" in matrix.shape_takeaway(rows("gpt2-355m", 5), none_ran, gpu)
 
 
@@ -142,20 +142,20 @@ def _phases(forward_backward=2**30, step=2**30 + 10 * 2**20):
             {"name": "optimizer step", "start_bytes": 2**29, "peak_bytes": step, "entries": 6}]
 
 
-def _rung(shape, method, status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
-    result = bench.RunResult(f"{shape} {method}", status, "" if status == bench.OK else f"{status} (test)",
-                             losses=list(losses) if status == bench.OK else [], steps_done=steps,
+def _rung(shape, method, status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
+    result = runner.RunResult(f"{shape} {method}", status, "" if status == runner.OK else f"{status} (test)",
+                             losses=list(losses) if status == runner.OK else [], steps_done=steps,
                              peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30,
                              rss_phases=_phases())
     return infinity.Rung(shape, method, result, 1)
 
 
-def _ladder(headline_status=bench.OK, nvme_status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):
+def _ladder(headline_status=runner.OK, nvme_status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):
     out = []
     for shape in ("tiny", "gpt2-1.5b"):
         for method, _ in infinity.METHODS:
             if method.startswith("stage 0") and shape == "gpt2-1.5b":
-                out.append(_rung(shape, method, bench.OOM))
+                out.append(_rung(shape, method, runner.OOM))
             elif method == "ZeRO-3 + NVMe":
                 out.append(_rung(shape, method, headline_status if shape == "gpt2-1.5b" else nvme_status,
                                  losses))
@@ -169,13 +169,13 @@ def test_a_good_ladder_passes(cpu):
 
 
 def test_nvme_rows_all_not_here_fail_where_libaio_is_ready(cpu):
-    rungs = [r for r in _ladder(nvme_status=bench.NOT_HERE, headline_status=bench.NOT_HERE)]
+    rungs = [r for r in _ladder(nvme_status=runner.NOT_HERE, headline_status=runner.NOT_HERE)]
     bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=True))
     assert any(c.startswith("libaio is ready, so ZeRO-3 + NVMe trained") for c in bad)
 
 
 def test_a_headline_killed_for_ram_fails(cpu):
-    bad = failed(infinity.checks(_ladder(headline_status=bench.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
+    bad = failed(infinity.checks(_ladder(headline_status=runner.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
     assert "gpt2-1.5b trains with ZeRO-3 + NVMe" in bad
 
 
@@ -202,7 +202,7 @@ def test_on_a_gpu_the_headline_must_fit_the_cap_under_emulation(cpu):
 
 
 def test_an_all_out_of_memory_ladder_fails_even_without_libaio(cpu):
-    rungs = [_rung(r.shape, r.method, bench.OOM) for r in _ladder()]
+    rungs = [_rung(r.shape, r.method, runner.OOM) for r in _ladder()]
     bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=False))
     assert "the smallest size (tiny) trained under stage 0 and ZeRO-2 + CPU offload" in bad
 
@@ -218,7 +218,7 @@ def test_a_headline_that_fits_under_stage_0_fails(cpu):
     assert "gpt2-1.5b under stage 0 runs out of GPU memory" in bad
 
 
-def _without_libaio(status=bench.NOT_HERE, message="libaio missing: apt-get install -y libaio-dev"):
+def _without_libaio(status=runner.NOT_HERE, message="libaio missing: apt-get install -y libaio-dev"):
     rungs = []
     for r in _ladder():
         if r.method == "ZeRO-3 + NVMe":
@@ -235,7 +235,7 @@ def test_without_libaio_the_headline_is_reported_not_run_and_the_checks_hold(cpu
         held = infinity.checks(_without_libaio(), machine, "gpt2-1.5b", nvme_ready=False)
         assert failed(held) == [], failed(held)
         assert not any("trains with ZeRO-3 + NVMe" in c for c, _ in held)
-    bad = failed(infinity.checks(_without_libaio(status=bench.ERROR, message="boom"), cpu, "gpt2-1.5b",
+    bad = failed(infinity.checks(_without_libaio(status=runner.ERROR, message="boom"), cpu, "gpt2-1.5b",
                                  nvme_ready=False))
     assert any(c.startswith("libaio is missing, so every ZeRO-3 + NVMe rung is reported") for c in bad)
     no_nvme_rows = [r for r in _ladder() if r.method != "ZeRO-3 + NVMe"]

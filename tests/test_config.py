@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import bench, config, env, memory
+from helpers import config, env, memory, runner
 from helpers.config import ConfigError
 
 
@@ -109,7 +109,7 @@ def test_every_preset_passes_check_and_starts_an_engine(name):
         info = memory.ModelInfo.for_shape("tiny")
         filled["zero_optimization"]["offload_param"]["buffer_size"] = int(1.05 * info.largest_param_numel)
         filled["zero_optimization"]["sub_group_size"] = 1_000_000
-    result = bench.measure(bench.RunSpec(ds_config=filled, shape="tiny", steps=1, force_cpu=True, label=name))
-    assert result.status == bench.OK, result.message
+    result = runner.measure(runner.RunSpec(ds_config=filled, shape="tiny", steps=1, force_cpu=True, label=name))
+    assert result.status == runner.OK, result.message
     # The NVMe preset really wrote its swap files (ZeRO-3 + NVMe on the CPU: helpers.deepspeed_fixes).
     assert (result.peak_nvme_bytes > 0) == ("nvme" in json.dumps(filled))

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Names read by something vulture cannot see (a framework, JSON readers, a test of the layers).
 USED_ELSEWHERE = [
     "_render_traceback_", "_repr_html_", "_ipython_display_",  # IPython's display protocol
-    "start_bytes", "entries",  # helpers.rss_trace.Phase: read from the run's JSON (asdict), by infinity and tests
+    "start_bytes", "entries",  # helpers.runner.Phase: read from the run's JSON (asdict), by infinity and tests
     "on_step_begin", "on_step_end", "on_log",  # transformers.TrainerCallback hooks
     "pytest_runtest_logreport", "pytest_sessionfinish", "pytest_terminal_summary", "exitstatus",
     "terminalreporter",  # pytest plugin hooks (tools/ci_rules.py)

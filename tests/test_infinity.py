@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from helpers import bench, config, env, infinity, memory
+from helpers import config, env, infinity, memory, runner
 
 XL = memory.ModelInfo.for_shape("gpt2-1.5b")
 
@@ -33,46 +33,46 @@ def test_disk_bandwidth_is_positive_and_leaves_nothing(tmp_path):
 def test_ladder_stops_a_method_after_its_first_failure(monkeypatch, tmp_path):
     def fake(spec):
         oom = spec.shape == "mini" and spec.ds_config["zero_optimization"]["stage"] == 0
-        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+        return runner.RunResult(spec.label, runner.OOM if oom else runner.OK, "OOM" if oom else "", losses=[10.8, 10.0],
                                steps_done=2, median_step_s=1.0)
 
-    monkeypatch.setattr(bench, "measure", fake)
+    monkeypatch.setattr(runner, "measure", fake)
     rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None, progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert status[("mini", "stage 0 (no ZeRO)")] == bench.OOM and status[("gpt2-124m", "stage 0 (no ZeRO)")] == "not tried"
-    assert status[("gpt2-124m", "ZeRO-3 + NVMe")] == bench.OK
+    assert status[("mini", "stage 0 (no ZeRO)")] == runner.OOM and status[("gpt2-124m", "stage 0 (no ZeRO)")] == "not tried"
+    assert status[("gpt2-124m", "ZeRO-3 + NVMe")] == runner.OK
     best = infinity.largest_per_method(rungs)
     assert best["stage 0 (no ZeRO)"].shape == "tiny" and best["ZeRO-3 + NVMe"].shape == "gpt2-124m"
     assert "not tried" in str(infinity.ladder_table(rungs))
 
 
 def test_starting_loss_rule():
-    assert infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[11.0]), 50257)
-    assert not infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[120.0]), 50257)
+    assert infinity.starting_loss_ok(runner.RunResult("x", runner.OK, losses=[11.0]), 50257)
+    assert not infinity.starting_loss_ok(runner.RunResult("x", runner.OK, losses=[120.0]), 50257)
 
 
 def _fake_measure(oom_shapes_stage0=("mini",), wall_s=10.0):
     def fake(spec):
         oom = spec.shape in oom_shapes_stage0 and spec.ds_config["zero_optimization"]["stage"] == 0
-        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+        return runner.RunResult(spec.label, runner.OOM if oom else runner.OK, "OOM" if oom else "", losses=[10.8, 10.0],
                                steps_done=2, median_step_s=1.0, wall_s=wall_s,
                                peak_gpu_allocated_bytes=2**30)
     return fake
 
 
 def test_ladder_tries_stage_0_at_the_headline_size_after_a_smaller_failure(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure(("mini", "gpt2-124m")))
+    monkeypatch.setattr(runner, "measure", _fake_measure(("mini", "gpt2-124m")))
     rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 headline="gpt2-124m", progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == bench.OOM
+    assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == runner.OOM
     gpu = dataclasses.replace(env.describe(), gpu_name="T4", gpu_count=1, capability=(7, 5), precision="fp16")
     claims = dict(infinity.checks(rungs, gpu, "gpt2-124m", nvme_ready=True))
     assert claims["gpt2-124m under stage 0 runs out of GPU memory"]
 
 
 def test_ladder_stops_a_method_whose_next_rung_would_pass_the_time_budget(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
+    monkeypatch.setattr(runner, "measure", _fake_measure((), wall_s=50.0))
     rungs = infinity.run_ladder(["tiny", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 budget_minutes=5, progress=False)
     big = [r for r in rungs if r.shape == "gpt2-124m"]
@@ -83,11 +83,11 @@ def test_ladder_stops_a_method_whose_next_rung_would_pass_the_time_budget(monkey
 
 
 def test_the_budget_stops_only_the_climb_past_the_headline(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
+    monkeypatch.setattr(runner, "measure", _fake_measure((), wall_s=50.0))
     rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 headline="mini", budget_minutes=0, progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert all(status[("mini", m)] == bench.OK for m, _ in infinity.METHODS)
+    assert all(status[("mini", m)] == runner.OK for m, _ in infinity.METHODS)
     assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in infinity.METHODS)
 
 
@@ -96,9 +96,9 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
 
     def fake(spec, log_path=None):
         seen[spec.label] = spec.ds_config["scheduler"]["params"]
-        return bench.RunResult(spec.label, bench.OK, losses=[10.8, 10.0, 9.5], steps_done=3, median_step_s=1.0)
+        return runner.RunResult(spec.label, runner.OK, losses=[10.8, 10.0, 9.5], steps_done=3, median_step_s=1.0)
 
-    monkeypatch.setattr(bench, "measure", fake)
+    monkeypatch.setattr(runner, "measure", fake)
     infinity.run_ladder(["tiny", "gpt2-355m"], env.describe(), 2, 64, 3, tmp_path, True, None, progress=False)
     tiny, medium = seen["tiny ZeRO-3 + NVMe"], seen["gpt2-355m ZeRO-3 + NVMe"]
     assert tiny["warmup_max_lr"] == 1e-3 and medium["warmup_max_lr"] == pytest.approx(3e-4 * (768 / 1024) ** 2)
@@ -110,10 +110,10 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
 def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
               for i, (n, _) in enumerate(infinity.RSS_PHASES)]
-    ran = bench.RunResult("x", bench.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
+    ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
     rungs = [infinity.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000),
              infinity.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
-             infinity.Rung("gpt2-355m", "ZeRO-3 + NVMe", bench.RunResult("y", bench.KILLED_RAM, "RAM"), 1)]
+             infinity.Rung("gpt2-355m", "ZeRO-3 + NVMe", runner.RunResult("y", runner.KILLED_RAM, "RAM"), 1)]
     bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape("gpt2-124m"), 1000.0, 2000.0)
     table = infinity.nvme_table(rungs, 1000.0, 2000.0)
     assert len(table.rows) == 1  # NVMe rungs that ran only

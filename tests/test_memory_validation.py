@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bench, claims, measurements, memory
+from helpers import claims, measurements, memory, runner
 from helpers.show import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +223,7 @@ def _first_runs() -> dict[str, dict]:
     """The recorded first-step runs, by id (the first measured row of each id in the record)."""
     first: dict[str, dict] = {}
     for r in measurements.load(GRID_RECORD):
-        if r["status"] != bench.NOT_TRIED:
+        if r["status"] != runner.NOT_TRIED:
             first.setdefault(r["id"], r)
     return {i: first[i] for i in FIRST_STEP + [PEAK_IN_STEP]}
 

@@ -3,7 +3,7 @@ comparison that did not happen (no baseline, no variant, a silent failure, a dif
 
 import pytest
 
-from helpers import bench, claims, config, env, memory, offload_speed
+from helpers import claims, config, env, memory, offload_speed, runner
 
 NAMES = [name for name, _, _ in offload_speed.VARIANTS]
 
@@ -24,9 +24,9 @@ def test_each_variant_config_is_valid_and_carries_its_feature(cpu, name):
     assert ds["optimizer"]["params"]["lr"] == config.learning_rate_for(memory.ModelInfo.for_shape("gpt2-355m").n_params)
 
 
-def _v(shape, name, status=bench.OK, step=1.0, losses=(10.8, 10.0, 9.0), message=""):
-    r = bench.RunResult(name, status, message, losses=list(losses) if status == bench.OK else [],
-                        median_step_s=step if status == bench.OK else None, peak_host_rss_bytes=2**30)
+def _v(shape, name, status=runner.OK, step=1.0, losses=(10.8, 10.0, 9.0), message=""):
+    r = runner.RunResult(name, status, message, losses=list(losses) if status == runner.OK else [],
+                        median_step_s=step if status == runner.OK else None, peak_host_rss_bytes=2**30)
     return offload_speed.Variant(shape, name, r, 1)
 
 
@@ -49,15 +49,15 @@ def test_a_good_comparison_passes_and_names_the_winner_per_size(cpu):
 
 def test_a_variant_that_fails_with_its_error_is_a_row_not_a_failure(cpu):
     variants = _good()
-    variants[1] = _v("tiny", NAMES[1], bench.ERROR, message="RuntimeError: partial offload needs bf16")
+    variants[1] = _v("tiny", NAMES[1], runner.ERROR, message="RuntimeError: partial offload needs bf16")
     assert failed(offload_speed.checks(variants, cpu)) == []
     assert any("partial offload needs bf16" in line for line in offload_speed.takeaways(variants, cpu))
 
 
 @pytest.mark.parametrize("break_it, claim", [
-    (lambda vs: vs.__setitem__(0, _v("tiny", NAMES[0], bench.OOM, message="oom")), "plain CPU offload ran at every size"),
-    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], bench.ERROR)), "every variant ran, or its row shows"),
-    (lambda vs: [vs.__setitem__(i, _v(v.shape, v.name, bench.OOM, message="oom")) for i, v in enumerate(vs)
+    (lambda vs: vs.__setitem__(0, _v("tiny", NAMES[0], runner.OOM, message="oom")), "plain CPU offload ran at every size"),
+    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], runner.ERROR)), "every variant ran, or its row shows"),
+    (lambda vs: [vs.__setitem__(i, _v(v.shape, v.name, runner.OOM, message="oom")) for i, v in enumerate(vs)
                  if v.name != offload_speed.PLAIN], "at least one faster-offload variant ran"),
     (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], losses=(12.0, 10.0, 9.0))), f"tiny {NAMES[2]}: losses match"),
     (lambda vs: vs.__setitem__(1, _v("tiny", NAMES[1], losses=(10.8, float("nan")))), f"tiny {NAMES[1]}: losses match"),

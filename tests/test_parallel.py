@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import bench, claims, parallel
+from helpers import claims, parallel, runner
 from helpers import env as kit_env
 
 GiB = 2**30
@@ -33,10 +33,10 @@ def machine(gpus: int) -> kit_env.Environment:
 LOSSES = [5.6, 5.5, 5.2, 4.9, 4.6, 4.4]
 
 
-def run(label: str, ranks: list[dict], losses=LOSSES, status=bench.OK,
-        message="") -> bench.RunResult:
+def run(label: str, ranks: list[dict], losses=LOSSES, status=runner.OK,
+        message="") -> runner.RunResult:
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes")]
-    return bench.RunResult(label, status, message, world_size=max(1, len(ranks)),
+    return runner.RunResult(label, status, message, world_size=max(1, len(ranks)),
                            n_params=ranks[0].get("n_params", 0) if ranks else 0,
                            losses=list(losses),
                            steps_done=len(losses), median_step_s=0.1, tokens_per_s=1000.0,
@@ -44,7 +44,7 @@ def run(label: str, ranks: list[dict], losses=LOSSES, status=bench.OK,
 
 
 def rank(i: int, **fields) -> dict:
-    return {"rank": i, "status": bench.OK, "losses": LOSSES, "step_times_s": [1.0] * 4, **fields}
+    return {"rank": i, "status": runner.OK, "losses": LOSSES, "step_times_s": [1.0] * 4, **fields}
 
 
 def pipeline_good(gpu: bool = False) -> dict:
@@ -89,7 +89,7 @@ PIPELINE_BREAKAGES = {
     "no per-rank data": (lambda r: r.ranks.clear(), "2 ranks reported"),
     "losses disagree with 1 rank": (lambda r: r.losses.__setitem__(3, 5.3), "losses match"),
     "fewer steps than the baseline": (lambda r: r.losses.pop(), "losses match"),
-    "the pipeline failed": (lambda r: setattr(r, "status", bench.ERROR), "every run ran"),
+    "the pipeline failed": (lambda r: setattr(r, "status", runner.ERROR), "every run ran"),
 }
 
 
@@ -143,7 +143,7 @@ def test_on_one_gpu_the_two_rank_runs_are_explained_and_the_checks_hold():
     for label in (parallel.DP, parallel.PIPE, parallel.PIPE_1):
         runs[label] = parallel.not_here(replace(base, label=label, world_size=2), why)
     assert failed(parallel.pipeline_checks(runs, one)) == []
-    assert bench.explained(runs[parallel.PIPE]) and runs[parallel.PIPE].message == why
+    assert runner.explained(runs[parallel.PIPE]) and runs[parallel.PIPE].message == why
     assert parallel.two_rank_note(machine(0))[0] and parallel.two_rank_note(machine(2))[0]
 
 
@@ -226,7 +226,7 @@ def test_autotp_checks_hold_on_a_good_run_and_fail_on_bad_ones():
 # ---- refusals ------------------------------------------------------------------------------------
 
 
-def refusals(**override) -> bench.RunResult:
+def refusals(**override) -> runner.RunResult:
     found = [{"combination": name, "refused": True, "error": f"AssertionError: x {words} y"}
              for name, (words, _) in parallel.REFUSALS.items()]
     for item in found:
@@ -249,7 +249,7 @@ def test_a_refusal_check_fails_when_deepspeed_changes(change, combination):
 
 
 def test_a_refusal_run_with_no_answer_fails():
-    empty = run("refusals", [], status=bench.ERROR, message="ImportError: no deepspeed")
+    empty = run("refusals", [], status=runner.ERROR, message="ImportError: no deepspeed")
     bad = failed(parallel.refusal_checks(empty))
     assert "the refusal run came back" in bad and len(bad) == 1 + len(parallel.REFUSALS)
 
@@ -274,13 +274,13 @@ def test_a_bad_spec_is_refused_in_one_line_before_any_process_starts(change, wor
 
 def test_merge_needs_every_rank_and_every_rank_ok():
     spec = parallel.ParallelSpec(kind="pipeline", world_size=2, stages=2)
-    missing = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0)], spec)
-    assert missing.status == bench.ERROR and "1 of 2 ranks reported" in missing.message
-    broken = parallel.merge(bench.RunResult("p", bench.ERROR),
-                            [rank(0), {"rank": 1, "status": bench.ERROR, "message": "boom"}], spec)
-    assert broken.status == bench.ERROR and broken.message == "boom"
-    good = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0), rank(1)], spec)
-    assert good.status == bench.OK and good.median_step_s == 1.0
+    missing = parallel.merge(runner.RunResult("p", runner.ERROR), [rank(0)], spec)
+    assert missing.status == runner.ERROR and "1 of 2 ranks reported" in missing.message
+    broken = parallel.merge(runner.RunResult("p", runner.ERROR),
+                            [rank(0), {"rank": 1, "status": runner.ERROR, "message": "boom"}], spec)
+    assert broken.status == runner.ERROR and broken.message == "boom"
+    good = parallel.merge(runner.RunResult("p", runner.ERROR), [rank(0), rank(1)], spec)
+    assert good.status == runner.OK and good.median_step_s == 1.0
     assert good.tokens_per_s == parallel.global_tokens(spec)
 
 
@@ -289,8 +289,8 @@ def test_a_worker_error_comes_back_as_one_explained_line():
     spec = parallel.ParallelSpec(kind="autotp", label="bad shape", tp_shape="no-such-shape",
                                  steps=1)
     result = parallel.measure(spec)
-    assert result.status == bench.ERROR and "unknown model shape 'no-such-shape'" in result.message
-    assert not bench.explained(result) and "\n" not in result.message
+    assert result.status == runner.ERROR and "unknown model shape 'no-such-shape'" in result.message
+    assert not runner.explained(result) and "\n" not in result.message
 
 
 # ---- what the notebook shows, on a CPU, 1 GPU and 2 GPUs -----------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config, memory, models, sizing
+from helpers import cli, config, memory, models, sizing
 from helpers import env as kit_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_every_kit_shape_is_sized_per_stage_and_offload(shape, t4):
 
 def _refused(capsys, argv) -> str:
     with pytest.raises(SystemExit) as done:
-        sizing.main(argv)
+        cli.sizing_command(argv)
     err = capsys.readouterr().err.strip()
     assert done.value.code == 2 and len(err.splitlines()) == 1, err
     return err
@@ -62,7 +62,8 @@ def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
         [
             sys.executable,
             "-m",
-            "helpers.sizing",
+            "helpers",
+            "sizing",
             "--model",
             str(folder),
             "--micro-batch",
@@ -369,7 +370,7 @@ def test_accelerates_figure_does_not_depend_on_the_configs_dtype(tmp_path):
 
 
 def test_compare_prints_deepspeeds_and_accelerates_estimates(capsys):
-    assert sizing.main(["--model", "gpt2-124m", "--micro-batch", "2", "--seq-len", "256",
+    assert cli.sizing_command(["--model", "gpt2-124m", "--micro-batch", "2", "--seq-len", "256",
                         "--compare", "--emulate", "none"]) == 0
     out = capsys.readouterr().out
     assert "DeepSpeed GPU" in out and "Accelerate GPU" in out and "four answers" in out

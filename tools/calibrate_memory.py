@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, memory  # noqa: E402
+from helpers import cli, config, env, memory, runner  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.rows and label not in args.rows:
                 continue
             ds = config.for_row(choice, info, machine, args.micro_batch)
-            spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
+            spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
                                  steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
                                  zero_init=choice["stage"] == 3 and "nvme" in choice.values())
-            result = bench.measure(spec)
+            result = runner.measure(spec)
             est = memory.estimate(info, ds, micro_batch=args.micro_batch, seq_len=args.seq_len, grad_ckpt=True,
                                   on_gpu=machine.has_gpu)
             row = {"shape": shape, "label": label, "predicted_gpu": est.total("gpu"), "predicted_cpu": est.total("cpu"),

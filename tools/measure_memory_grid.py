@@ -1,6 +1,6 @@
 """Measure the memory grid of issue 16: GPT-2 and Llama-style shapes from 124M to 1.5B, micro batch
 1-16, sequence 256-2048, checkpointing on and off, stages 0-3, CPU and NVMe offload, with cases
-near (and past) a T4's 15 GiB. Each case runs through helpers.bench.measure in a fresh subprocess
+near (and past) a T4's 15 GiB. Each case runs through helpers.runner.measure in a fresh subprocess
 (out of memory is a result, not a crash) and is appended to ``--out`` as one JSON line, with its
 prediction, the machine and its split ("fit" or "validation": alternating within each family).
 Calling it again with the same ``--out`` runs only the cases not recorded yet.
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, measurements  # noqa: E402
+from helpers import cli, config, env, measurements, runner  # noqa: E402
 from helpers import memory  # noqa: E402
 
 S0, S1, S2, S3 = "stage 0", "stage 1", "stage 2", "stage 3"
@@ -176,7 +176,7 @@ def row_for(
     case: Case,
     split: str,
     est: memory.Estimate,
-    result: bench.RunResult,
+    result: runner.RunResult,
     machine: env.Environment,
     steps: int,
 ) -> dict:
@@ -235,9 +235,9 @@ def finished_ids(out: Path, redo_first_step: bool = False) -> set[str]:
     helpers.measurements.first_step_only)."""
     if not out.is_file():
         return set()
-    latest = {r["id"]: r for r in measurements.load(out) if r.get("status") != bench.NOT_TRIED}
+    latest = {r["id"]: r for r in measurements.load(out) if r.get("status") != runner.NOT_TRIED}
     return {i for i, r in latest.items()
-            if not (redo_first_step and r["status"] == bench.OK and measurements.first_step_only(r))}
+            if not (redo_first_step and r["status"] == runner.OK and measurements.first_step_only(r))}
 
 
 def _out_path(parser: argparse.ArgumentParser, value: str | None, needed: bool) -> Path | None:
@@ -257,16 +257,16 @@ def _rows_file(value: str) -> list[dict]:
     path = Path(value)
     if not path.is_file():
         raise argparse.ArgumentTypeError(
-            f"{cli.show(value)}: no such file; give the --out file of a run"
+            f"{cli.quoted(value)}: no such file; give the --out file of a run"
         )
     try:
         rows = measurements.load(path)
     except (ValueError, KeyError) as err:
-        raise argparse.ArgumentTypeError(f"{cli.show(value)}: not JSON lines ({err})") from None
+        raise argparse.ArgumentTypeError(f"{cli.quoted(value)}: not JSON lines ({err})") from None
     bad = [i for i, r in enumerate(rows) if not {"id", "shape", "row", "status", "split"} <= set(r)]
     if not rows or bad:
         raise argparse.ArgumentTypeError(
-            f"{cli.show(value)}: no grid rows (line {bad[0] + 1 if bad else 1} "
+            f"{cli.quoted(value)}: no grid rows (line {bad[0] + 1 if bad else 1} "
             "lacks id, shape, row, status or split)"
         )
     return rows
@@ -278,7 +278,7 @@ def _positive_minutes(value: str) -> float:
     except ValueError:
         minutes = -1.0
     if minutes <= 0:
-        raise argparse.ArgumentTypeError(f"{cli.show(value)}: must be a number of minutes > 0")
+        raise argparse.ArgumentTypeError(f"{cli.quoted(value)}: must be a number of minutes > 0")
     return minutes
 
 
@@ -322,11 +322,11 @@ def run(
         with gate.hold(need):
             elapsed = time.monotonic() - start
             if elapsed + secs / max(1, parallel) > limit_minutes * 60:
-                result = bench.RunResult(
-                    case.id, bench.NOT_TRIED, f"--limit-minutes {limit_minutes:g} reached"
+                result = runner.RunResult(
+                    case.id, runner.NOT_TRIED, f"--limit-minutes {limit_minutes:g} reached"
                 )
             else:
-                spec = bench.RunSpec(
+                spec = runner.RunSpec(
                     ds_config=ds,
                     shape=case.shape,
                     seq_len=case.seq_len,
@@ -336,7 +336,7 @@ def run(
                     label=case.id,
                     timeout_s=int(max(120, 4 * secs)),
                 )
-                result = bench.measure(spec)
+                result = runner.measure(spec)
         row = row_for(case, split, est, result, machine, steps)
         with lock:
             rows.append(row)
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.merge:
         total = measurements.merge(args.merge)
-        tried = sum(r["status"] != bench.NOT_TRIED for r in args.merge)
+        tried = sum(r["status"] != runner.NOT_TRIED for r in args.merge)
         print(
             f"{tried} of {len(args.merge)} rows merged into {measurements.MEASUREMENTS} (the "
             f"others were not tried: nothing measured); {total} rows now"
@@ -437,12 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(dry_run_lines(planned, parallel)))
         return 0
     rows = run(planned, machine, out, args.steps, parallel, args.limit_minutes)
-    ran = [r for r in rows if r["status"] not in (bench.NOT_TRIED,)]
+    ran = [r for r in rows if r["status"] not in (runner.NOT_TRIED,)]
     print(f"{len(ran)} of {len(rows)} cases ran or hit a limit; rows appended to {out}")
     return (
         0
         if all(
-            bench.explained(bench.RunResult(**{k: r[k] for k in ("label", "status", "message")}))
+            runner.explained(runner.RunResult(**{k: r[k] for k in ("label", "status", "message")}))
             for r in rows
         )
         else 1
