@@ -25,7 +25,7 @@ from helpers.show import Table, GB, GiB
 from helpers import show
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: The status a run gets when the GPU runs out of memory (helpers.runner and helpers.train).
+#: The status a run gets when the GPU runs out of memory (helpers.runner and helpers.lessons.zero2_training).
 OUT_OF_GPU_MEMORY = "out of GPU memory"
 
 

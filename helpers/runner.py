@@ -171,7 +171,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        kit_env.apply_emulation(kit_env.resolve_emulation(), kit_env._gpu_facts())
+        kit_env.emulate()  # KIT_EMULATE, as the parent set it: the same GPU cap here
         if spec.gpu_cap_bytes:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from helpers import config, matrix, runner
+from helpers import config, runner
 from helpers import env
+from helpers.lessons import stages_and_offload
 from tools import run_log
 
 CPU_FP32 = dict(trainer=False, precision="fp32", pin_memory=False, micro_batch=2)
@@ -55,7 +56,7 @@ def oom_at_first_step(payload, result):
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
     (tmp_path / "fake_runs.py").write_text(FAKE_OOM)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the run's process imports its entry point
-    monkeypatch.setenv(runner.REPORT_ENV, run_log.HOOK)
+    monkeypatch.setenv(runner.REPORT_ENV, "tools.run_log:append")  # as tools/gpu_record_run.sh sets it
     monkeypatch.setenv(run_log.LOG_ENV, str(tmp_path / "runs.jsonl"))
     r = runner.finish(runner.run(spec(), entry="fake_runs:oom_at_first_step"), spec())
     assert r.status == runner.OOM and r.losses == []
@@ -89,7 +90,7 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
 
 def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[runner.Row]:
     out = []
-    for label in matrix.TWO_RANK_LABELS:
+    for label in stages_and_offload.TWO_RANK_LABELS:
         choice = dict(config.STAGE_ROWS)[label]
         share = 2 if (halve and ranks == 2 and choice["stage"] >= 1) else 1
         per = {"optimizer_bytes": 800 // share, "grads_bytes": 400 // share,
@@ -102,27 +103,27 @@ def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[r
 
 def test_two_rank_checks_hold_for_zero_fractions_and_fail_otherwise():
     cpu = env.describe()
-    assert all(held for _, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), cpu))
-    failed = [claim for claim, held in matrix.two_rank_checks(_rows(1, True), _rows(2, False), cpu) if not held]
+    assert all(held for _, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, True), cpu))
+    failed = [claim for claim, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, False), cpu) if not held]
     assert "stage 1: optimizer halved on each of 2 ranks" in failed and "stage 3: params halved on each of 2 ranks" in failed
     assert "stage 0: optimizer whole on each of 2 ranks" not in failed
     two = _rows(2, True)
     two[1].result.losses, two[2].result.losses = [2.0, 1.5], [2.5, 1.0]
-    drift = [c for c, held in matrix.two_rank_checks(_rows(1, True), two, cpu) if not held]
+    drift = [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True), two, cpu) if not held]
     assert drift == ["stage 1: 2-rank losses match 2-rank stage 0 (within 0.0001)",
                      "stage 2: first loss with 2 ranks equals 1 rank's (within 0.0001)",
                      "stage 2: 2-rank losses match 2-rank stage 0 (within 0.0001)"]
     gpu = dataclasses.replace(cpu, gpu_name="T4", gpu_count=2, precision="fp16")
-    same_peak = [c for c, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), gpu) if not held]
+    same_peak = [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, True), gpu) if not held]
     assert "stage 3: less GPU memory per rank with 2 ranks than with 1" in same_peak
-    assert not [c for c, held in matrix.two_rank_checks(_rows(1, True, peak=100), _rows(2, True, peak=60), gpu) if not held]
+    assert not [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True, peak=100), _rows(2, True, peak=60), gpu) if not held]
 
 
 def test_two_rank_plan_follows_the_gpus():
     cpu = env.describe()
-    assert matrix.two_rank_plan(cpu)[0] == "cpu"
-    assert matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=2))[0] == "gpu"
-    where, why = matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=1))
+    assert stages_and_offload.two_rank_plan(cpu)[0] == "cpu"
+    assert stages_and_offload.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=2))[0] == "gpu"
+    where, why = stages_and_offload.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=1))
     assert where is None and "Kaggle" in why
 
 
@@ -189,9 +190,9 @@ def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
     claim = "every config ran, or hit a limit, or says why it did not run (no errors)"
     fine = [row("stage 0", runner.OK, ""), row("stage 1", runner.OOM, "CUDA out of memory"),
             row("stage 3 + NVMe offload", runner.NOT_HERE, "libaio missing")]
-    assert dict(matrix.checks(fine, machine, nvme_ready=False))[claim]
+    assert dict(stages_and_offload.checks(fine, machine, nvme_ready=False))[claim]
     broken = fine + [row("stage 2", runner.ERROR, "DistNetworkError: port 29500 taken")]
-    assert not dict(matrix.checks(broken, machine, nvme_ready=False))[claim]
+    assert not dict(stages_and_offload.checks(broken, machine, nvme_ready=False))[claim]
 
 
 def test_matrix_plots_include_step_times_and_losses():
@@ -200,7 +201,7 @@ def test_matrix_plots_include_step_times_and_losses():
     rows = _rows(1, True)
     for r in rows:
         r.result.median_step_s = 0.5
-    figures = matrix.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
+    figures = stages_and_offload.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
     titles = [f.axes[0].get_title() for f in figures]
     assert len(figures) == 3 and titles[1].startswith("Seconds per step") and "loss" in titles[2]
 

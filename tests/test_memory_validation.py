@@ -179,10 +179,10 @@ def test_long_sequences_pay_for_fp32_logits_and_the_peak_says_when():
 
 
 def test_cpu_offload_limits_of_notebook_01_use_the_margin():
-    from helpers import machine_check
+    from helpers.lessons import gpu_check
 
     budget = int(12.7e9)
-    fits, tight = machine_check.cpu_offload_limits(budget)
+    fits, tight = gpu_check.cpu_offload_limits(budget)
     assert 0 < fits < tight
     assert (
         memory.cpu_offload_host_bytes(fits)
@@ -195,7 +195,7 @@ def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
     import dataclasses
 
     from helpers import env as kit_env
-    from helpers.widgets import ConfigForm
+    from helpers.lessons.config_builder import ConfigForm
 
     cpu = dataclasses.replace(kit_env.describe(), vram_total_bytes=None)
     form = ConfigForm(cpu, shape="gpt2-774m", micro_batch=8, seq_len=512, folder=tmp_path)

@@ -31,7 +31,7 @@ def requirement_lines(path: Path) -> dict[str, str]:
 
 def third_party_imports() -> set[str]:
     found = set()
-    for path in Path(helpers.__file__).parent.glob("*.py"):
+    for path in Path(helpers.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])

@@ -76,7 +76,8 @@ wait)
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
 sys.path.insert(0, ".")
-from helpers import infinity, memory
+from helpers import memory
+from helpers.lessons import biggest_model
 for f in sorted(w.glob("runs*.jsonl")):
     disk = None
     for line in f.read_text().splitlines():
@@ -86,7 +87,7 @@ for f in sorted(w.glob("runs*.jsonl")):
             print(f.stem, f"disk probe at {r['path']}: write {disk[0]:,.0f} MB/s, read {disk[1]:,.0f} MB/s")
             continue
         if disk and r["status"] == "ok" and "NVMe" in r["label"] and r["median_step_s"]:
-            bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape(r["shape"]), *disk)
+            bound = biggest_model.predicted_nvme_step_s(memory.ModelInfo.for_shape(r["shape"]), *disk)
             print(f.stem, r["label"], f"{r['median_step_s']:.1f} s/step against the disk's bound "
                   f"{bound:.1f} s: {r['median_step_s'] / bound:.2f}x")
         gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"

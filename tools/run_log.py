@@ -9,8 +9,6 @@ import json
 import os
 
 LOG_ENV = "KIT_BENCH_LOG"
-#: What helpers.runner's REPORT_ENV is set to for this log.
-HOOK = "tools.run_log:append"
 
 
 def append(record: dict) -> None:

@@ -1,11 +1,17 @@
-"""The stage and offload matrix of notebooks 03 and 05: run each config on the same model, data and
-seed (each in its own subprocess, through helpers.runner), predict each with helpers.memory, and
-check the claims ZeRO makes. ``python -m helpers matrix`` runs it from a terminal:
+"""Notebook 05, stages and offload side by side: the stage and offload rows (helpers.config's
+STAGE_ROWS, each run in its own subprocess by helpers.runner.run_matrix and predicted by
+helpers.memory) in figures, the claims ZeRO makes checked, ZeRO's fractions with 2 ranks, and
+the faster CPU offload variants (the last section). ``python -m helpers matrix`` runs the rows
+from a terminal:
 
     python -m helpers matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
 """
 
 from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
 
 
 from helpers import claims, config, memory, runner, show
@@ -143,7 +149,7 @@ def two_rank_plan(environment: kit_env.Environment) -> tuple[str | None, str]:
 
 def launch_note(shape: str, steps: int, world_size: int = 2) -> str:
     """How the 2-rank runs are launched, and the same for your own script from a notebook cell."""
-    return (f"each config runs as:  python -m torch.distributed.run --nproc-per-node {world_size} "
+    return (f"each config runs as:  torchrun --nproc-per-node {world_size} "
             f"-m helpers worker <spec.json>\n"
             f"the same from a terminal:  python -m helpers matrix --world-size {world_size} --shape {shape} "
             f"--steps {steps}\n"
@@ -262,22 +268,156 @@ def shape_takeaway(rows: list[runner.Row], other: list[runner.Row], environment:
     return f"Peak {place}, {a} vs {b}: {cells}."
 
 
-def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environment, mistakes_caught: int,
-                         mistakes: int, measured: runner.RunResult | None, micro_batch: int,
-                         seq_len: int) -> list[str]:
-    """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
-    def gpu_of(choice: dict) -> float:
-        ds = config.for_row(choice, model, environment, micro_batch)
-        est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
-        return est.total("gpu" if environment.has_gpu else "cpu") / GiB
+# ---- faster CPU offload: the variants side by side -----------------------------------------------
+#: Make CPU offload faster (notebook 05's last section): plain ZeRO-2 CPU offload against
+#: DeepSpeed's partial offload, which takes work off the CPU, on the same model, data and seed, each run in its
+#: own subprocess through helpers.runner:
+#:
+#: - **partial offload** (ZeRO-3, ``offload_optimizer.ratio``): only that fraction of the optimizer
+#:   states and of Adam's step goes to the CPU; the rest stays on the GPU, where it costs GPU memory.
+#:   In DeepSpeed 0.19.8 the GPU's share ignores the learning-rate schedule (it trains at the peak
+#:   rate from step 1; measured: losses part from plain's at step 2, 8.59 against 8.23 at GPT-2 124M):
+#:   helpers.deepspeed_fixes.fix_partial_offload_schedule, which helpers.runner applies, mends it;
+#:
+#: ZenFlow is not among the variants: in DeepSpeed 0.19.8 it scrambles every 2-D weight at
+#: ``deepspeed.initialize`` (its flatten stores matrices transposed, ``_update_model_bit16_weights``
+#: views them untransposed; GPT-2 tiny's first loss 10.8408 -> 10.8330 with the same weights), which
+#: the first-loss check caught. README: where DeepSpeed falls short.
+#:
+#: A variant that fails here (a feature that needs bf16 or a newer GPU, say) is a row with its error,
+#: not a crash: the table says what DeepSpeed said.
 
-    place = "GPU" if environment.has_gpu else "host RAM (no GPU here)"
-    lines = [f"The checker caught {mistakes_caught} of {mistakes} common mistakes, each at its key with the fix.",
-             f"{model.name} ({model.n_params / 1e6:,.0f}M parameters) at {micro_batch} x {seq_len}: predicted "
-             f"{place} {gpu_of({'stage': 0}):.2f} GiB at stage 0, {gpu_of({'stage': 2}):.2f} at stage 2, "
-             f"{gpu_of({'stage': 2, 'offload_optimizer': 'cpu'}):.2f} at stage 2 with CPU offload."]
-    if measured is not None and measured.status == runner.OK:
-        peak = measured.peak_gpu_allocated_bytes if environment.has_gpu else measured.peak_host_rss_bytes
-        lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
-    lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
+
+PLAIN = "ZeRO-2 + CPU offload"
+#: The fraction of the optimizer that partial offload leaves on the CPU (the rest is on the GPU).
+PARTIAL_RATIO = 0.3
+
+#: (name, config.build choices, keys added under zero_optimization): the variants, plain first.
+VARIANTS: list[tuple[str, dict, dict]] = [
+    (PLAIN, {"stage": 2, "offload_optimizer": "cpu"}, {}),
+    ("ZeRO-3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu"}, {}),
+    (f"ZeRO-3 + partial offload (ratio {PARTIAL_RATIO:g})", {"stage": 3, "offload_optimizer": "cpu"},
+     {"offload_optimizer": {"ratio": PARTIAL_RATIO}}),
+]
+
+
+@dataclass
+class Variant:
+    """One (model size, variant) run."""
+
+    shape: str
+    name: str
+    result: runner.RunResult
+    n_params: int
+
+
+def variant_config(name: str, model: memory.ModelInfo, environment: kit_env.Environment,
+                   micro_batch: int, steps: int) -> dict:
+    """The engine config of one variant: config.build's choices, the variant's keys merged under
+    ``zero_optimization``, the learning rate and warmup of the model's size."""
+    choice, extra = next((c, e) for n, c, e in VARIANTS if n == name)
+    ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
+                      pin_memory=False, lr=config.learning_rate_for(model.n_params),
+                      warmup_steps=max(1, steps), initial_scale_power=config.SHORT_RUN_SCALE_POWER)
+    zero = ds["zero_optimization"]
+    for key, value in copy.deepcopy(extra).items():
+        zero[key] = {**zero.get(key, {}), **value} if isinstance(value, dict) else value
+    return ds
+
+
+def run_variants(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int,
+                 steps: int, progress: bool = True) -> list[Variant]:
+    """Every variant at every size, each in a fresh subprocess (same seed and data)."""
+    from tqdm.auto import tqdm
+
+    out = []
+    todo = [(shape, name) for shape in shapes for name, _, _ in VARIANTS]
+    for shape, name in tqdm(todo, desc="offload variants", disable=not progress):
+        info = memory.ModelInfo.for_shape(shape)
+        ds = variant_config(name, info, environment, micro_batch, steps)
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch,
+                             steps=steps, grad_ckpt=True, label=f"{shape} {name}")
+        out.append(Variant(shape, name, runner.measure(spec), info.n_params))
+    return out
+
+
+def _plain(variants: list[Variant], shape: str) -> runner.RunResult | None:
+    return next((v.result for v in variants if v.shape == shape and v.name == PLAIN
+                 and v.result.status == runner.OK), None)
+
+
+def speedup(variant: Variant, variants: list[Variant]) -> float | None:
+    """Plain CPU offload's step time over this variant's, at the same size (None: one did not run)."""
+    plain = _plain(variants, variant.shape)
+    mine = variant.result.median_step_s if variant.result.status == runner.OK else None
+    return plain.median_step_s / mine if plain and plain.median_step_s and mine else None
+
+
+def offload_table(variants: list[Variant], environment: kit_env.Environment) -> Table:
+    """Every variant: status (with DeepSpeed's error where it failed), step time and speed-up over
+    plain CPU offload, peaks, losses and the last loss against plain's."""
+    rows = []
+    for v in variants:
+        r, plain = v.result, _plain(variants, v.shape)
+        up = speedup(v, variants)
+        gap = (f"{r.losses[-1] - plain.losses[-1]:+.3f}" if plain and plain.losses and r.losses
+               and r.status == runner.OK else "-")
+        rows.append((v.shape, v.name, show.status_cell(r.status, r.message, runner.OK, 70),
+                     show.seconds(r.median_step_s), "-" if up is None else f"{up:.2f}x",
+                     show.gib(r.peak_gpu_allocated_bytes), show.gib(r.peak_host_rss_bytes or None),
+                     show.loss_cell(r.losses), gap))
+    return Table(["model", "variant", "status", "s/step", "speed-up", "GPU GiB", "host RSS GiB", "loss",
+                  "last loss vs plain"], rows, title=f"Faster offload, {environment.measured_on()}")
+
+
+def offload_checks(variants: list[Variant], environment: kit_env.Environment) -> list[claims.Claim]:
+    """Each able to fail: plain CPU offload ran at every size (the baseline); every variant ran or
+    shows DeepSpeed's error; at least one other variant ran beside plain somewhere (an empty
+    comparison fails); each one that ran trained as plain did (same model, data and seed: the first
+    loss equal, every loss within the matrix's tolerance; partial offload needs
+    helpers.deepspeed_fixes for that) and ended finite."""
+    shapes = list(dict.fromkeys(v.shape for v in variants))
+    first_tol, all_tol = loss_tolerance(environment)
+    ran = [v for v in variants if v.name != PLAIN and v.result.status == runner.OK]
+    out = [(f"plain CPU offload ran at every size ({', '.join(shapes)})",
+            bool(shapes) and claims.every(_plain(variants, s) is not None for s in shapes)),
+           ("every variant ran, or its row shows the error DeepSpeed gave",
+            claims.every(v.result.status == runner.OK or bool(v.result.message) for v in variants)),
+           (f"at least one faster-offload variant ran beside plain ({len(ran)} runs)", bool(ran))]
+    for v in ran:
+        plain = _plain(variants, v.shape)
+        out.append((f"{v.shape} {v.name}: losses match plain's (first within {first_tol:g}, all within "
+                    f"{all_tol:g}), last loss finite" + (skipped_note(plain, v.result) if plain else ""),
+                    bool(plain) and losses_match(plain.losses, v.result.losses, first_tol, all_tol)
+                    and math.isfinite(v.result.losses[-1])))
+    return out
+
+
+def winners(variants: list[Variant]) -> dict[str, Variant | None]:
+    """The fastest variant that ran, per size (None where none ran)."""
+    best: dict[str, Variant | None] = {}
+    for v in variants:
+        best.setdefault(v.shape, None)
+        fast = v.result.status == runner.OK and v.result.median_step_s
+        if fast and (best[v.shape] is None or v.result.median_step_s < best[v.shape].result.median_step_s):
+            best[v.shape] = v
+    return best
+
+
+def offload_takeaways(variants: list[Variant], environment: kit_env.Environment) -> list[str]:
+    """The winner per size, with its figures, and each variant that failed with its error."""
+    lines = []
+    for shape, v in winners(variants).items():
+        if v is None:
+            lines.append(f"{shape}: no offload variant ran.")
+            continue
+        up = speedup(v, variants)
+        gpu = (f", {v.result.peak_gpu_allocated_bytes / GiB:.2f} GiB GPU"
+               if environment.has_gpu and v.result.peak_gpu_allocated_bytes else "")
+        lines.append(f"{shape}: fastest was {v.name} at {v.result.median_step_s:.2f} s/step"
+                     + (f" ({up:.2f}x plain CPU offload)" if up else "") + gpu
+                     + f", {v.result.peak_host_rss_bytes / GiB:.1f} GiB host RSS.")
+    for v in variants:
+        if v.result.status != runner.OK:
+            lines.append(f"{v.shape} {v.name}: {v.result.status}: {v.result.message[:160]}")
     return lines
