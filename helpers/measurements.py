@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import claims, config, memory, runner
+from helpers import claims, config, memory
 from helpers import env as kit_env
 from helpers.show import Table, gib
 
@@ -39,18 +39,6 @@ def load(path: str | Path = MEASUREMENTS) -> list[dict]:
     if text.lstrip().startswith("{") and '"rows"' in text[:4000]:
         return json.loads(text)["rows"]
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
-    """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
-    rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
-    holds afterwards."""
-    data = json.loads(Path(path).read_text())
-    # a resumed grid may list an id twice: the last wins
-    latest = {r["id"]: r for r in new_rows if r.get("status") != runner.NOT_TRIED}
-    data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
-    return len(data["rows"])
 
 
 def choice_of(label: str) -> dict:

@@ -85,7 +85,7 @@ def test_merge_adds_grid_rows_and_refuses_a_file_that_is_not_rows(tmp_path, caps
     lines.write_text(
         "".join(json.dumps(r) + "\n" for r in (tried, row, {**row, "id": "a"}, never))
     )
-    assert measurements.merge(measurements.load(lines), store) == 2
+    assert grid_tool.merge(measurements.load(lines), store) == 2
     merged = json.loads(store.read_text())["rows"]
     assert [(r["id"], r["status"]) for r in merged] == [("b", "ok"), ("a", "ok")]
     (tmp_path / "bad.jsonl").write_text(json.dumps({"id": "c"}) + "\n")

@@ -359,6 +359,18 @@ def run(
     return rows
 
 
+def merge(new_rows: list[dict], path: str | Path = measurements.MEASUREMENTS) -> int:
+    """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
+    rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
+    holds afterwards."""
+    data = json.loads(Path(path).read_text())
+    # a resumed grid may list an id twice: the last wins
+    latest = {r["id"]: r for r in new_rows if r.get("status") != runner.NOT_TRIED}
+    data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return len(data["rows"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.OneLineParser(
         description=__doc__,
@@ -402,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        total = measurements.merge(args.merge)
+        total = merge(args.merge)
         tried = sum(r["status"] != runner.NOT_TRIED for r in args.merge)
         print(
             f"{tried} of {len(args.merge)} rows merged into {measurements.MEASUREMENTS} (the "
