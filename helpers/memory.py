@@ -407,11 +407,40 @@ def _gpu_phases(
     return phases
 
 
+def batch_in_config(config: dict) -> dict[str, int]:
+    """What a DeepSpeed config says of the batch, where it says it in numbers ("auto" or a missing
+    key says nothing): ``micro_batch`` (``train_micro_batch_size_per_gpu``) and ``world_size``
+    (``train_batch_size`` over micro batch x ``gradient_accumulation_steps``)."""
+    micro, total = config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size")
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    said = {}
+    if isinstance(micro, int) and micro > 0:
+        said["micro_batch"] = micro
+        if isinstance(total, int) and isinstance(accumulation, int) and accumulation > 0:
+            if total % (micro * accumulation) == 0:
+                said["world_size"] = total // (micro * accumulation)
+    return said
+
+
+def batch_disagreement(config: dict, micro_batch: int | None = None,
+                       world_size: int | None = None) -> str:
+    """Where ``micro_batch`` or ``world_size`` differ from what ``config`` says (one clause each,
+    naming the key); empty when they agree or the config does not say. The config carries them:
+    a run or an estimate given other numbers would describe another run."""
+    said = batch_in_config(config)
+    keys = {"micro_batch": "train_micro_batch_size_per_gpu",
+            "world_size": "train_batch_size / (micro batch x gradient_accumulation_steps)"}
+    given = {"micro_batch": micro_batch, "world_size": world_size}
+    return "; ".join(f"{name} {value} but the config's {keys[name]} is {said[name]}"
+                     for name, value in given.items()
+                     if value is not None and name in said and said[name] != value)
+
+
 def estimate(
     model: ModelInfo,
     config: dict,
-    world_size: int = 1,
-    micro_batch: int = 4,
+    world_size: int | None = None,
+    micro_batch: int | None = None,
     seq_len: int = 512,
     grad_ckpt: bool = True,
     on_gpu: bool = True,
@@ -432,7 +461,15 @@ def estimate(
     whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
     ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
     the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
+
+    The micro batch and the world size come from ``config`` where it has them in numbers (else 4
+    and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
     """
+    if why := batch_disagreement(config, micro_batch, world_size):
+        raise ValueError(f"memory.estimate: {why}: give the config's numbers, or none")
+    said = batch_in_config(config)
+    micro_batch = said.get("micro_batch", 4) if micro_batch is None else micro_batch
+    world_size = said.get("world_size", 1) if world_size is None else world_size
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     w = HALF if _half(config) else FP32

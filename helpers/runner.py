@@ -69,6 +69,13 @@ class RunSpec:
     zero_init: bool = False  # ZeRO-3: build the model partitioned (low host RAM; other random init than stage 0)
     force_cpu: bool = False  # hide the GPUs: DeepSpeed's CPU accelerator, gloo between ranks
 
+    def __post_init__(self) -> None:
+        """The DeepSpeed config carries the micro batch and the world size: a spec that says
+        otherwise would measure another run than it names, and is refused (ValueError)."""
+        if why := memory.batch_disagreement(self.ds_config, self.micro_batch, self.world_size):
+            raise ValueError(f"RunSpec {self.label or self.shape!r}: {why}: build the config with the "
+                             "spec's micro batch and world size (helpers.config.build)")
+
 
 @dataclass
 class RunResult:
@@ -535,8 +542,8 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
         ds = kit_config.for_row(choice, info, environment, micro_batch, world_size)
         spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                        grad_ckpt=grad_ckpt, label=label, world_size=world_size)
-        est = memory.estimate(info, ds, world_size=world_size, micro_batch=micro_batch, seq_len=seq_len,
-                              grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu)
+        est = memory.estimate(info, spec.ds_config, world_size=spec.world_size, micro_batch=spec.micro_batch,
+                              seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt, on_gpu=environment.has_gpu)
         rows.append(Row(label, choice, spec, measure(spec), est))
     return rows
 

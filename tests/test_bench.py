@@ -214,3 +214,14 @@ def test_the_engine_loop_each_run_executes_is_shown_as_source():
     for call in ("deepspeed.initialize(", "engine.backward(loss)", "engine.step()"):
         assert call in shown.code
     assert "<details>" in shown._repr_html_() and "engine.step()" in shown._repr_html_()
+
+
+def test_a_spec_that_disagrees_with_its_config_is_refused():
+    """The DeepSpeed config carries the micro batch and the world size; the spec must say the same."""
+    ds = config.build(stage=2, trainer=False, precision="fp32", pin_memory=False, micro_batch=4, world_size=2)
+    with pytest.raises(ValueError, match="micro_batch 2 but the config's train_micro_batch_size_per_gpu is 4"):
+        runner.RunSpec(ds_config=ds, micro_batch=2, world_size=2)
+    with pytest.raises(ValueError, match=r"world_size 1 but the config's train_batch_size .* is 2"):
+        runner.RunSpec(ds_config=ds, micro_batch=4)
+    assert runner.RunSpec(ds_config=ds, micro_batch=4, world_size=2).world_size == 2
+    runner.RunSpec(ds_config=config.build(stage=2, trainer=True), micro_batch=3)  # "auto" says nothing

@@ -174,7 +174,8 @@ def test_long_sequences_pay_for_fp32_logits_and_the_peak_says_when():
     est = memory.estimate(info, c, micro_batch=8, seq_len=1024, grad_ckpt=False)
     assert est.phase["gpu"] == "start of backward"
     assert est.parts["gpu"]["activations"] > 8 * 1024 * info.vocab * memory.LOGIT_BYTES
-    step = memory.estimate(memory.ModelInfo.for_shape("gpt2-355m"), c, micro_batch=4, seq_len=512)
+    c4 = config.build(stage=0, micro_batch=4, trainer=False, precision="fp16", pin_memory=False)
+    step = memory.estimate(memory.ModelInfo.for_shape("gpt2-355m"), c4, micro_batch=4, seq_len=512)
     assert step.phase["gpu"] == "optimizer step" and "step temporaries" in step.parts["gpu"]
 
 
