@@ -302,3 +302,12 @@ def test_quiet_silences_and_restores_both_file_descriptors(capfd):
     os.write(1, b"shown out\n")
     os.write(2, b"shown err\n")
     assert capfd.readouterr() == ("before\nshown out\n", "shown err\n")
+
+
+def test_python_m_helpers_names_its_commands_in_one_line(capsys):
+    assert cli.main(["nosuch"]) == 2 and cli.main([]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["python -m helpers: unknown command 'nosuch'; choose bench, matrix, doctor or sizing "
+                     "(then --help)",
+                     "python -m helpers: no command; choose bench, matrix, doctor or sizing (then --help)"]
+    assert sorted(cli.COMMANDS) == ["bench", "doctor", "matrix", "sizing"]
