@@ -58,7 +58,7 @@ $(VENV)/.installed: $(SHARED)/.installed requirements.txt pyproject.toml
 ops: $(VENV)/.installed
 	@test -e "$(OPS_STAMP)" || { mkdir -p "$(TORCH_EXTENSIONS_DIR)" && \
 	    echo "setup: compiling DeepSpeed's ops into $(TORCH_EXTENSIONS_DIR) (once per machine)" && \
-	    $(BIN)/python -m helpers.doctor --prebuild --jobs $(OP_JOBS) --ops-only && \
+	    $(BIN)/python -m helpers doctor --prebuild --jobs $(OP_JOBS) --ops-only && \
 	    touch "$(OPS_STAMP)"; } || echo "setup: not every op built (the table above says why)"
 
 tutorial: setup

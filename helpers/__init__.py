@@ -1,41 +1,49 @@
 """ZeRO Kit helpers: the logic behind the notebooks, one module per concern.
 
 Modules are imported lazily by the notebooks (``from helpers import env``) so that importing the
-package never pulls in torch or DeepSpeed by itself.
+package never pulls in torch or DeepSpeed by itself. The core modules sit at the top of helpers/;
+helpers/lessons/ holds one module per notebook that needs one, named after it, a layer above.
 
-The layers, bottom first. A module imports only from layers below its own (tests/test_layers.py
-enforces it, lazy imports inside functions included), so there are no import cycles:
-
-0. units, tables, cli, colab, deepspeed_fixes, data, accounting, rss_trace: formatting, command
-   lines, installs, text, the bytes a DeepSpeed rank holds, host RAM per phase of a run
-1. claims, plots, models, verdict, parallel_models: the shared check rules, figures, model shapes
-   and offline checkpoints, the three-way memory verdict (fits / tight / does not fit), notebook
-   08's models (a GPT as pipeline layers, a mixture-of-experts GPT) and training steps
-2. env, libaio: machine facts (GPU, precision, RAM, disk, emulation; the libaio probe)
-3. dist, memory: one-process distributed setup; the memory estimator (pure arithmetic)
-4. config_check: every value DeepSpeed would reject, found before an engine starts
-5. config: build, explain, save and load DeepSpeed configs
-6. bench, doctor: one run in a subprocess (the runner); ds_report explained
-7. matrix, infinity, finetune, train, machine_check: notebook-level logic (05, 06 and its
-   fine-tune, 04, 01)
-8. widgets, zero_picture, three_ways, measurements, offload_speed: notebook 03's form, the ZeRO
-   picture, notebook 07's paths, the stored memory measurements and the estimator checked against
-   them, notebook 05's faster offload; parallel: notebook 08's pipeline, MoE and AutoTP runs
-9. sizing: ``python -m helpers.sizing``, any model's memory per stage and offload with the verdict,
-   beside DeepSpeed's and Accelerate's estimators
+:data:`LAYERS` is the one statement of the layers, bottom first, with what each module is for: a
+module imports only from layers below its own (tests/test_layers.py enforces it, lazy imports
+inside functions included), so there are no import cycles and no arrow runs back up. The README's
+layout section is rendered from it (``python tools/layout.py``; a test checks the two agree).
 """
 
-#: The layers above, as data (bottom first): what tests/test_layers.py checks.
-LAYERS: list[list[str]] = [
-    ["units", "tables", "cli", "colab", "deepspeed_fixes", "data", "accounting",
-     "rss_trace"],
-    ["claims", "plots", "models", "verdict", "parallel_models"],
-    ["env", "libaio"],
-    ["dist", "memory"],
-    ["config_check"],
-    ["config"],
-    ["bench", "doctor"],
-    ["matrix", "infinity", "finetune", "train", "machine_check"],
-    ["widgets", "zero_picture", "three_ways", "measurements", "offload_speed", "parallel"],
-    ["sizing"],
+#: The layers, bottom first: each a dict of module (``lessons.X`` for helpers/lessons/X.py) to
+#: what it is for, in one line.
+LAYERS: list[dict[str, str]] = [
+    {
+        "show": "units (GiB, GB), table cells, tables (HTML and text), source, figures",
+        "colab": "the repository's address, the setup cell, badges, Colab's missing packages",
+        "deepspeed_fixes": "fixes for DeepSpeed bugs the kit meets, applied before every engine",
+        "data": "an offline corpus made on the spot, fixed-length blocks, the Hub's text",
+    },
+    {
+        "claims": "the check rules every notebook shares (a loss that falls, a tolerance)",
+        "models": "GPT-2 and Llama/Qwen-style shapes built offline, a byte tokenizer",
+    },
+    {"env": "machine facts, T4 emulation, libaio, one-process distributed setup"},
+    {"memory": "the memory estimator (GPU, host RAM, NVMe); fits, tight or does not fit"},
+    {"config_check": "every value DeepSpeed would reject or ignore, at its key, with the fix"},
+    {"config": "build, explain, save, load; the stage and offload rows; ZeRO-Infinity's"},
+    {
+        "runner": "every training run, in a fresh process, 1 rank or N; what a rank holds",
+        "doctor": "ds_report explained: ops, diagnoses with exact fixes; the ops prebuilt",
+    },
+    {"measurements": "the stored memory measurements, the estimator checked against them"},
+    {"sizing": "any model's memory per stage and offload, beside DeepSpeed's estimators"},
+    {"cli": "every command line: python -m helpers bench, matrix, doctor, sizing"},
+    {"__main__": "python -m helpers: the command lines, and one rank of a run"},
+    {
+        "lessons.gpu_check": "01: is this machine ready? checks that can fail, a verdict",
+        "lessons.config_builder": "03: the config form, and the summary",
+        "lessons.zero2_training": "04: the Trainer's run, save, reload, resume; the ZeRO picture",
+        "lessons.stages_and_offload": "05: the stage rows checked, 2 ranks, faster offload",
+        "lessons.biggest_model": "06: the model-size ladder, the disk; the fine-tune, watched",
+    },
+    {
+        "lessons.engine_and_accelerate": "07: one config trained three ways, compared",
+        "lessons.beyond_data_parallelism": "08: pipeline, MoE and AutoTP runs, their models",
+    },
 ]

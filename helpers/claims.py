@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from helpers.tables import Table
+from helpers.show import Table
 
 Claim = tuple[str, bool]
 

@@ -1,5 +1,7 @@
-"""DeepSpeed configs: build from plain choices, explain in words, save and load, presets. Checking
-lives in helpers.config_check (``check``, ``Problem`` and ``ConfigError`` are used from here too).
+"""DeepSpeed configs: build from plain choices, explain in words, save and load, presets; the stage
+and offload rows every comparison runs (:data:`STAGE_ROWS`, :func:`for_row`) and ZeRO-Infinity's
+config sized for a model and a RAM budget (:func:`zero_infinity`). Checking lives in
+helpers.config_check (``check``, ``Problem`` and ``ConfigError`` are used from here too).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import env as kit_env
+from helpers import memory
 from helpers.config_check import (OFFLOAD_DEVICES, PIN_MEMORY_MIN_RAM, PRECISIONS,  # noqa: F401 (re-exported)
                                   ConfigError, Problem, check)
-from helpers.tables import Table
+from helpers.show import Table
 
 def _config_dir() -> Path:
     """configs/ of the repository; after ``pip install .`` the copy installed as helpers.configs."""
@@ -265,8 +268,6 @@ def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
 
 def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
     """Ten common mistakes applied to ``base`` (an engine-mode config), each checked."""
-    from helpers import memory
-
     t4 = t4_profile(environment)
     xl = memory.ModelInfo.for_shape("gpt2-1.5b")
 
@@ -314,3 +315,82 @@ def mistakes_table(cases: list[Mistake]) -> Table:
         rows.append((m.name, m.expected_path, "yes" if m.caught else "NO", hit.message if hit else "-",
                      hit.fix if hit else "-"))
     return Table(["mistake", "key", "caught", "what check() says", "fix"], rows, title="Mistakes, caught")
+
+
+# ---- the stage and offload rows, and ZeRO-Infinity's config --------------------------------------
+
+#: The stage and offload rows notebooks 03 and 05 compare (and the ZeRO picture, the sizing table,
+#: the memory grid and the calibration tool), as :func:`build` arguments.
+STAGE_ROWS: list[tuple[str, dict]] = [
+    ("stage 0", {"stage": 0}),
+    ("stage 1", {"stage": 1}),
+    ("stage 2", {"stage": 2}),
+    ("stage 3", {"stage": 3}),
+    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
+    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+]
+
+#: How many optimizer sub-groups the model is cut into: a quarter of the model in the stage rows,
+#: 1/32 in ZeRO-Infinity's config, where a sub-group's fp32 weights, gradients and moments pass
+#: through host RAM together (1/32 keeps that near 1 GB at 1.5B parameters).
+ROW_SUB_GROUPS, INFINITY_SUB_GROUPS = 4, 32
+
+
+def sub_group_size(n_params: int, groups: int) -> int:
+    """The optimizer's sub-group size, in elements: 1/``groups`` of the model, at least 1e6 and at
+    most 1e8 (the one rule: the stage rows and ZeRO-Infinity differ only in ``groups``). A
+    parameter is never split: the embedding, one parameter, stays a group of its own."""
+    return int(min(100_000_000, max(1_000_000, n_params // groups)))
+
+
+def for_row(choice: dict, model: memory.ModelInfo, environment: kit_env.Environment | None,
+            micro_batch: int, world_size: int = 1, **overrides) -> dict:
+    """The engine config one stage row runs (and is predicted) with: the row's stage and
+    offload, NVMe buffers that hold the model's largest parameter, optimizer sub-groups of a quarter
+    of the model (:func:`sub_group_size`), fp16's short-run loss scale. Notebooks 03 and 05, the ZeRO
+    picture and the calibration tool all build their rows here, so a prediction and a run always
+    describe the same config."""
+    settings = dict(micro_batch=micro_batch, world_size=world_size, trainer=False, environment=environment,
+                    largest_param_numel=model.largest_param_numel,
+                    sub_group_size=sub_group_size(model.n_params, ROW_SUB_GROUPS),
+                    initial_scale_power=SHORT_RUN_SCALE_POWER)
+    return build(**choice, **{**settings, **overrides})
+
+
+#: The width whose GPT-3 rate a short run keeps as it is (GPT-2 small's); wider ones scale down.
+REFERENCE_WIDTH = 768
+
+
+def short_run_schedule(model: memory.ModelInfo, steps: int) -> dict:
+    """A short run's learning rate (notebook 06's ladder), warmed up over the whole run from a tenth
+    of its peak.
+
+    The peak is GPT-3's rate for the model's size (:func:`learning_rate_for`) times
+    (REFERENCE_WIDTH / hidden)**2 for models wider than GPT-2 small. GPT-3's rates assume batches
+    of 0.5-1M tokens and thousands of warmup steps; the ladder takes 5 steps of 2,048 tokens, where
+    Adam's first steps move every weight by about the rate. Measured at 1.5B (T4 emulation): a step
+    at 2e-5 took the loss from 11.17 to 7.11, one at about 9e-5 raised it from 7.05 to 8.49. The
+    scaled peaks are 1.7e-4 at 355M, 4.6e-5 at 1.5B and 1.8e-5 at 2.7B; 124M keeps 1e-3."""
+    width = min(1.0, REFERENCE_WIDTH / model.hidden) ** 2
+    return {"lr": learning_rate_for(model.n_params) * width, "warmup_steps": max(1, steps),
+            "initial_scale_power": SHORT_RUN_SCALE_POWER}
+
+
+def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
+                  nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1) -> dict:
+    """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
+
+    Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
+    distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
+    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget
+    (:data:`INFINITY_SUB_GROUPS`); the learning rate follows :func:`short_run_schedule`.
+    """
+    tight = environment.ram_budget_bytes < PIN_MEMORY_MIN_RAM
+    return build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
+                 world_size=world_size, trainer=False, environment=environment,
+                 nvme_path=nvme_path, pin_memory=not tight,
+                 largest_param_numel=model.largest_param_numel,
+                 sub_group_size=sub_group_size(model.n_params, INFINITY_SUB_GROUPS),
+                 max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
+                 param_persistence_threshold=int(1e5), **short_run_schedule(model, steps))

@@ -1517,6 +1517,6 @@ def _writable(path: str) -> bool:
 
 
 def _libaio() -> bool:
-    from helpers import libaio
 
-    return libaio.available()
+
+    return kit_env.libaio_available()

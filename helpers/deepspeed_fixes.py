@@ -1,8 +1,9 @@
 """Workarounds for DeepSpeed bugs the kit runs into: each one small, applied by an explicit call,
 safe to call twice, and listed in the README under "where DeepSpeed falls short".
 
-Call :func:`apply_all` once per process before ``deepspeed.initialize`` (helpers.bench and
-helpers.train do). In your own project you need them only where the bug bites (see each function).
+Call :func:`apply_all` once per process before ``deepspeed.initialize`` (helpers.runner and
+helpers.lessons.zero2_training do). In your own project you need them only where the bug bites
+(see each function).
 """
 
 from __future__ import annotations

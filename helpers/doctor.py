@@ -6,7 +6,7 @@
   ops the kit uses here; :func:`prebuild` JIT-compiles and loads each in a fresh subprocess,
   timing it and keeping only the relevant compiler lines when it fails.
 - :func:`verdict` derives ready / not here / fix for each capability the later notebooks need.
-- ``python -m helpers.doctor [--prebuild]`` prints the same as notebook 02.
+- ``python -m helpers doctor [--prebuild]`` prints the same as notebook 02.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import claims
 from helpers import env as kit_env
-from helpers import libaio
+
 from helpers import memory
-from helpers.tables import Table
+from helpers.show import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: What each op the kit uses is for.
@@ -106,7 +106,7 @@ def gather_facts(environment: kit_env.Environment | None = None, requested_preci
         cuda_home=cpp.CUDA_HOME,
         ninja=cpp.is_ninja_available(),
         compiler=shutil.which(os.environ.get("CXX", "c++")),
-        libaio=libaio.available(),
+        libaio=kit_env.libaio_available(),
         arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"),
         shm_bytes=shm_bytes,
         ram_budget_bytes=environment.ram_budget_bytes,
@@ -172,12 +172,12 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
             "Every DeepSpeed op, CPU Adam included, is C++ compiled on first use.",
             "apt-get install -y build-essential", ("CPU offload", "NVMe offload", "fp16 training", "ZeRO 1/2/3")))
     if not facts.libaio:
-        colab = " (in a Colab cell: !" + libaio.LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
+        colab = " (in a Colab cell: !" + kit_env.LIBAIO_APT + ", or set INSTALL_LIBAIO = True below)" if facts.platform == "colab" else ""
         out.append(Diagnosis(
             "no_libaio", "warning", "libaio (headers and .so) not found.",
             "NVMe offload (ZeRO-Infinity) reads and writes optimizer states and parameters through "
             "DeepSpeed's async_io op, which links against libaio. Everything else works without it.",
-            f"{libaio.LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
+            f"{kit_env.LIBAIO_APT}{colab}; if libaio lives elsewhere, set CFLAGS=-I<dir>/include and "
             "LDFLAGS=-L<dir>/lib before starting Python.", ("NVMe offload",)))
     if facts.has_gpu:
         arch = facts.arch
@@ -249,7 +249,7 @@ def apply_safe_fixes(environment: kit_env.Environment) -> list[str]:
 # ---- DeepSpeed's op builders -------------------------------------------------------------------
 
 
-def _builder(name: str):
+def op_builder(name: str):
     """DeepSpeed's builder object for an op on this accelerator (None when it has none)."""
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
@@ -296,7 +296,7 @@ def op_report(names: list[str] | None = None, environment: kit_env.Environment |
         names = kit_ops((environment or kit_env.describe()).has_gpu)
     out = []
     for name in names:
-        builder = _builder(name)
+        builder = op_builder(name)
         if builder is None:
             out.append(OpStatus(name, OP_PURPOSE.get(name, ""), False, False, "DeepSpeed has no such op on this accelerator"))
             continue
@@ -306,10 +306,10 @@ def op_report(names: list[str] | None = None, environment: kit_env.Environment |
                 compatible = bool(builder.is_compatible(verbose=True))
             except Exception as err:  # DeepSpeed's own probe can raise (no CUDA_HOME, say)
                 compatible, builder.error_log = False, str(err)
-        if name == "async_io" and not compatible and libaio.available():
+        if name == "async_io" and not compatible and kit_env.libaio_available():
             # async_io's is_compatible is DeepSpeed's io_submit compile-and-link probe, which can
             # answer False inside a Jupyter kernel (it redirects file descriptor 2; seen on the GPU
-            # machine under nbval): libaio.available() runs the same probe in a fresh process.
+            # machine under nbval): kit_env.libaio_available() runs the same probe in a fresh process.
             compatible = True
         why = "" if compatible else _why(printed.getvalue(), builder.error_log)
         out.append(OpStatus(name, OP_PURPOSE.get(name, ""), bool(installed_ops.get(name)), compatible, why))
@@ -349,7 +349,7 @@ def diagnose_build_log(lines: list[str]) -> str:
     if "invalid literal for int()" in text:
         return "The CUDA arch list could not be parsed: set TORCH_CUDA_ARCH_LIST to this GPU's capability (e.g. 7.5)."
     if "libaio" in text or "aio.h" in text or "-laio" in text:
-        return f"libaio is missing: {libaio.LIBAIO_APT}"
+        return f"libaio is missing: {kit_env.LIBAIO_APT}"
     if "ninja" in text.lower():
         return 'ninja is missing: pip install "ninja>=1.11"'
     if "nvcc" in text or "CUDA_HOME" in text:
@@ -417,7 +417,7 @@ def build_op(name: str, timeout: int = 1800) -> OpStatus:
     before = _built_library_times(name)
     start = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "helpers.doctor", "--load", name], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "helpers", "doctor", "--load", name], capture_output=True,
                               text=True, timeout=timeout, cwd=str(kit_env.REPO_ROOT))
         ok, log = done.returncode == 0, done.stdout + "\n" + done.stderr
     except subprocess.TimeoutExpired as err:
@@ -661,8 +661,10 @@ EXERCISES = {"cpu_adam": (exercise_cpu_adam, 1e-5), "async_io": (exercise_async_
 WORKS_MARK = "KIT_OP_WORKS"
 
 
-def _load_in_this_process(name: str) -> int:
-    builder = _builder(name)
+def load_in_this_process(name: str) -> int:
+    """Load (JIT-compiling where needed) one op in this process and exercise it: what
+    ``python -m helpers doctor --load OP`` runs in :func:`build_op`'s fresh subprocess."""
+    builder = op_builder(name)
     if builder is None:
         print(f"no {name} op on this accelerator", file=sys.stderr)
         return 2
@@ -678,46 +680,6 @@ def _load_in_this_process(name: str) -> int:
             print(f"{WORKS_MARK} False nan {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
         else:
             print(f"{WORKS_MARK} {error <= tolerance} {error:.3g}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from helpers import cli
-
-    parser = cli.OneLineParser(prog="python -m helpers.doctor", name="doctor",
-                               description="ds_report explained: ops, diagnoses, verdict")
-    parser.add_argument("--prebuild", action="store_true", help="compile and load each op the kit uses")
-    parser.add_argument("--jobs", type=int, default=1, help="with --prebuild: ops built side by side")
-    parser.add_argument("--ops-only", action="store_true",
-                        help="with --prebuild: print the ops table only; exit 1 unless every op loads")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--load", metavar="OP", help=argparse.SUPPRESS)  # used by build_op's subprocess
-    args = parser.parse_args(argv)
-    if args.load:
-        with cli.quiet():  # DeepSpeed's import prints; the op list needs it
-            known = _builder(args.load) is not None
-        if not known:
-            cli.refuse(parser, "--load", args.load, "no such DeepSpeed op on this accelerator; "
-                       f"the kit's ops: {', '.join(OP_PURPOSE)}")
-        return _load_in_this_process(args.load)
-    environment = kit_env.describe()
-    apply_safe_fixes(environment)
-    if args.prebuild and args.ops_only:
-        statuses = prebuild(progress=False, jobs=args.jobs)
-        print(ops_table(statuses))
-        return 0 if all(s.loads for s in statuses) else 1
-    facts = gather_facts(environment)
-    found = diagnose(facts)
-    statuses = (prebuild(progress=False, jobs=args.jobs) if args.prebuild
-                else op_report(environment=environment))
-    rows = verdict(facts, statuses, found)
-    if args.json:
-        print(json.dumps({"facts": asdict(facts), "ops": [asdict(s) for s in statuses],
-                          "diagnoses": [asdict(d) for d in found], "verdict": rows}, indent=1, default=str))
-    else:
-        print(ops_table(statuses), diagnoses_table(found), verdict_table(rows), sep="\n\n")
     return 0
 
 
@@ -737,7 +699,3 @@ def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str,
         and cpu_adam.works_error is not None else "CPU Adam was not exercised.",
         "Next: 03 · config builder: these capabilities become a DeepSpeed config, checked and sized.",
     ]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,13 +3,17 @@
 ``describe()`` reads the machine (it changes nothing) and returns an :class:`Environment` that
 renders as a table. ``emulate("t4")`` (or ``KIT_EMULATE=t4``) makes a bigger GPU behave like a free
 Colab T4: it caps this process's GPU memory, and the kit's decisions follow the T4's capability.
+Also libaio (the library NVMe offload links against: usable here?, and its install line) and the
+one-process distributed setup a launcher would otherwise do (free ports, MASTER_ADDR/PORT, RANK).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import colab
-from helpers.tables import Table
-from helpers import units
-from helpers.units import GB, GiB
+from helpers.show import Table, GB, GiB
+from helpers import show
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: The status a run gets when the GPU runs out of memory (helpers.bench and helpers.train).
+#: The status a run gets when the GPU runs out of memory (helpers.runner and helpers.lessons.zero2_training).
 OUT_OF_GPU_MEMORY = "out of GPU memory"
 
 
@@ -230,7 +233,7 @@ class Environment:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, note) rows: the environment table."""
-        gib = lambda b: "-" if b is None else f"{units.gib(b, 1)} GiB"
+        gib = lambda b: "-" if b is None else f"{show.gib(b, 1)} GiB"
         emu = self.emulation
         cap_note = f"capped at {emu.label}'s {emu.gpu_bytes / GiB:.0f} GiB" if emu and self.has_gpu else ""
         real_cc = self.real_capability
@@ -343,3 +346,132 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
         emulation=emulation,
         gpu_cap_bytes=cap,
     )
+
+
+# ---- libaio: what NVMe offload (DeepSpeed's async_io op) links against ---------------------------
+#: libaio, the Linux library DeepSpeed's async_io op (NVMe offload, ZeRO-Infinity) links against:
+#: is it usable here, and the command that installs it. A machine fact, probed once per process.
+LIBAIO_APT = "apt-get install -y libaio-dev"
+
+
+@functools.lru_cache(maxsize=None)
+def libaio_available() -> bool:
+    """DeepSpeed's own test: compile and link a program calling io_submit (honours CFLAGS/LDFLAGS).
+
+    Run in a fresh subprocess: DeepSpeed's probe redirects file descriptor 2, which a Jupyter
+    kernel's captured streams do not always allow (it answered False inside JupyterLab).
+    """
+    probe = ("import contextlib, io\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    from deepspeed.ops.op_builder.all_ops import ALL_OPS\n"
+             "    b = ALL_OPS.get('async_io')\n"
+             "    ok = bool(b is not None and b.has_function('io_submit', ('aio',)))\n"
+             "print('LIBAIO', ok)")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "LIBAIO True" in done.stdout
+
+
+def install_libaio(run: bool = False) -> str:
+    """Print, or with ``run`` and root, run the apt-get line that installs libaio-dev."""
+    if libaio_available():
+        return "libaio is already usable: nothing to install."
+    if not run:
+        return f"Not run. To enable NVMe offload: {LIBAIO_APT}"
+    if shutil.which("apt-get") is None:
+        return "apt-get is not here: install libaio's development package with your system's package manager."
+    cmd = f"apt-get update -qq && {LIBAIO_APT} -qq"
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+    libaio_available.cache_clear()
+    if done.returncode != 0:
+        return f"{cmd} failed: " + "\n".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+    return "libaio-dev installed: " + ("async_io can now be built." if libaio_available() else "but io_submit still does not link.")
+
+
+# ---- one-process distributed setup (what torchrun or the deepspeed launcher would set) -----------
+
+
+def free_port(start: int | None = None, tries: int = 200, host: str = "") -> int:
+    """A port nothing listens on, probed by binding to it: one the OS picks (``start`` None), else
+    the first free one from ``start`` on.
+
+    The OS's pick is random among its ephemeral ports, so two processes that look for a port at the
+    same moment do not both take 29500 (seen on a GPU machine running notebooks side by side). The
+    probe binds the wildcard address: torch's TCPStore listens on all addresses (IPv6 dual stack), so
+    a port free on 127.0.0.1 alone can still be taken for it.
+    """
+    if start is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    for port in range(start, start + tries):
+        if _port_free(port, host):
+            return port
+    raise KitSetupError(f"no free port in {start}..{start + tries - 1} on {host}: set MASTER_PORT to a free one")
+
+
+_DIST_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _port_free(port: int, host: str = "") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _launched() -> bool:
+    """True when a real launcher (torchrun, the deepspeed launcher) started this process."""
+    # Not LOCAL_WORLD_SIZE: accelerate sets it in a plain process too.
+    return "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("WORLD_SIZE", "1") != "1"
+
+
+def setup_single_process_dist(port: int | None = None) -> dict[str, str]:
+    """Set what a launcher would (MASTER_ADDR/PORT, RANK, LOCAL_RANK, WORLD_SIZE) for one process.
+
+    Variables already set (by a launcher, or an earlier call) are kept, so calling twice is safe
+    and a real launcher wins. The port is probed, not assumed free: a MASTER_PORT inherited from a
+    parent process whose port is now taken (and not by this process's own group) is replaced.
+    """
+    defaults = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    current = os.environ.get("MASTER_PORT")
+    if current is None or (not _launched() and not _group_started() and not _port_free(int(current))):
+        os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
+    return {k: os.environ[k] for k in _DIST_KEYS}
+
+
+def _group_started() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:
+        return False
+
+
+def dist_roundtrip() -> bool:
+    """Start a one-process gloo group on the variables from setup_single_process_dist, all-reduce, stop.
+
+    Proves the port is usable before DeepSpeed needs it. Leaves no group behind.
+    """
+    import torch
+    import torch.distributed as dist
+
+    setup_single_process_dist()
+    if dist.is_initialized():  # DeepSpeed already started one in this kernel: use it
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return value.item() == int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        return value.item() == int(os.environ["WORLD_SIZE"])
+    finally:
+        dist.destroy_process_group()

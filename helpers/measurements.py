@@ -2,7 +2,7 @@
 the machine each ran on, and the estimator checked against them: the validation half only.
 
 Each row names a kit shape, a row of the stage and offload matrix (its config comes from
-:func:`helpers.matrix.config_for`, as the run's did), the batch shape, and what was measured.
+:func:`helpers.config.for_row`, as the run's did), the batch shape, and what was measured.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import bench, claims, matrix, memory, verdict
+from helpers import claims, config, memory
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import gib
+from helpers.show import Table, gib
 
 MEASUREMENTS = Path(__file__).resolve().parent / "memory_measurements.json"
 #: The issue's bar on the validation half: peak GPU within 10%, host RSS within 15%.
@@ -42,25 +41,13 @@ def load(path: str | Path = MEASUREMENTS) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def merge(new_rows: list[dict], path: str | Path = MEASUREMENTS) -> int:
-    """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
-    rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
-    holds afterwards."""
-    data = json.loads(Path(path).read_text())
-    # a resumed grid may list an id twice: the last wins
-    latest = {r["id"]: r for r in new_rows if r.get("status") != bench.NOT_TRIED}
-    data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
-    return len(data["rows"])
-
-
 def choice_of(label: str) -> dict:
-    """The matrix row's choices for a label of :data:`helpers.matrix.CONFIGS` (ValueError
+    """The matrix row's choices for a label of :data:`helpers.config.STAGE_ROWS` (ValueError
     otherwise)."""
-    found = dict(matrix.CONFIGS).get(label)
+    found = dict(config.STAGE_ROWS).get(label)
     if found is None:
         raise ValueError(
-            f"unknown matrix row {label!r}: choose one of {', '.join(dict(matrix.CONFIGS))}"
+            f"unknown matrix row {label!r}: choose one of {', '.join(dict(config.STAGE_ROWS))}"
         )
     return found
 
@@ -84,7 +71,7 @@ def sliced_check(row: dict) -> bool:
 def row_config(row: dict, info: memory.ModelInfo) -> dict:
     """The engine config a measured row ran with: its matrix row, fp16, pinned memory off, and the
     row's own ``zero_overrides`` (notebook 06's NVMe rungs size their sub-groups to the model)."""
-    ds = matrix.config_for(
+    ds = config.for_row(
         choice_of(row["row"]),
         info,
         None,
@@ -115,7 +102,7 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
     # GPU and host RAM only: a T4 emulation has no disk figure (Colab's free disk varies), and
     # every row's disk use is in the row itself (peak_nvme_bytes)
     limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes}
-    words = {p: v.word for p, v in verdict.places({k: est.total(k) for k in limits}, limits).items()}
+    words = {p: v.word for p, v in memory.verdicts({k: est.total(k) for k in limits}, limits).items()}
     return Prediction(row, est, words)
 
 
@@ -154,9 +141,9 @@ def checks(
             place = OUT_OF_MEMORY[r["status"]]
             out.append(
                 (
-                    f"{name}: {r['status']}, verdict for {verdict.PLACES[place]} is "
+                    f"{name}: {r['status']}, verdict for {memory.PLACES[place]} is "
                     f"{p.words.get(place)!r}, not 'fits'",
-                    p.words.get(place) != verdict.FITS,
+                    p.words.get(place) != memory.FITS,
                 )
             )
             continue
@@ -208,8 +195,8 @@ def checks(
 
 def overall_verdict(words: dict[str, str]) -> str:
     """The worst of a row's verdicts, naming where it binds: "does not fit (host RAM)"."""
-    word = verdict.worst(list(words.values()))
-    where = [verdict.PLACES[p] for p, w in words.items() if w == word and w != verdict.FITS]
+    word = memory.worst_verdict(list(words.values()))
+    where = [memory.PLACES[p] for p, w in words.items() if w == word and w != memory.FITS]
     return word + (f" ({', '.join(where)})" if where else "")
 
 

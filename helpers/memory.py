@@ -1,9 +1,9 @@
 """Memory: how many bytes a ZeRO setup needs on the GPU, in host RAM and on NVMe.
 
 :func:`estimate` predicts every place and kind at each place's peak, and when in the step the
-peak falls; helpers.verdict turns a figure into "fits" / "tight" / "does not fit";
+peak falls; :func:`verdict` (below) turns a figure into "fits" / "tight" / "does not fit";
 helpers.measurements checks the estimate against stored runs (the validation half);
-``python -m helpers.sizing`` sizes any model. :func:`cpu_offload_host_bytes` and
+``python -m helpers sizing`` sizes any model. :func:`cpu_offload_host_bytes` and
 :func:`cpu_offload_max_params` answer the question notebook 01's verdict asks ("how large a
 model can ZeRO-2 with CPU offload train in this much RAM?") with the same estimate, so the kit
 has one host-RAM model, not two.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from helpers import claims
-from helpers.units import GiB
+from helpers.show import GiB
 
 
 def cpu_offload_host_bytes(n_params: int, pin_memory: bool = False, on_gpu: bool = True) -> int:
@@ -407,11 +407,40 @@ def _gpu_phases(
     return phases
 
 
+def batch_in_config(config: dict) -> dict[str, int]:
+    """What a DeepSpeed config says of the batch, where it says it in numbers ("auto" or a missing
+    key says nothing): ``micro_batch`` (``train_micro_batch_size_per_gpu``) and ``world_size``
+    (``train_batch_size`` over micro batch x ``gradient_accumulation_steps``)."""
+    micro, total = config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size")
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    said = {}
+    if isinstance(micro, int) and micro > 0:
+        said["micro_batch"] = micro
+        if isinstance(total, int) and isinstance(accumulation, int) and accumulation > 0:
+            if total % (micro * accumulation) == 0:
+                said["world_size"] = total // (micro * accumulation)
+    return said
+
+
+def batch_disagreement(config: dict, micro_batch: int | None = None,
+                       world_size: int | None = None) -> str:
+    """Where ``micro_batch`` or ``world_size`` differ from what ``config`` says (one clause each,
+    naming the key); empty when they agree or the config does not say. The config carries them:
+    a run or an estimate given other numbers would describe another run."""
+    said = batch_in_config(config)
+    keys = {"micro_batch": "train_micro_batch_size_per_gpu",
+            "world_size": "train_batch_size / (micro batch x gradient_accumulation_steps)"}
+    given = {"micro_batch": micro_batch, "world_size": world_size}
+    return "; ".join(f"{name} {value} but the config's {keys[name]} is {said[name]}"
+                     for name, value in given.items()
+                     if value is not None and name in said and said[name] != value)
+
+
 def estimate(
     model: ModelInfo,
     config: dict,
-    world_size: int = 1,
-    micro_batch: int = 4,
+    world_size: int | None = None,
+    micro_batch: int | None = None,
     seq_len: int = 512,
     grad_ckpt: bool = True,
     on_gpu: bool = True,
@@ -432,7 +461,15 @@ def estimate(
     whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
     ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
     the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
+
+    The micro batch and the world size come from ``config`` where it has them in numbers (else 4
+    and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
     """
+    if why := batch_disagreement(config, micro_batch, world_size):
+        raise ValueError(f"memory.estimate: {why}: give the config's numbers, or none")
+    said = batch_in_config(config)
+    micro_batch = said.get("micro_batch", 4) if micro_batch is None else micro_batch
+    world_size = said.get("world_size", 1) if world_size is None else world_size
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     w = HALF if _half(config) else FP32
@@ -538,4 +575,75 @@ def compare(
                 result.label, est.total("gpu"), result.peak_gpu_allocated_bytes, gpu_rtol
             )
         )
+    return out
+
+
+# ---- the verdict: fits, tight or does not fit --------------------------------------------------
+#: The three-way memory verdict: "fits", "tight" or "does not fit", for one place (GPU, host RAM,
+#: disk) or all of them. Pure arithmetic on byte counts, so every layer above can use it.
+#:
+#: "tight" means the prediction is within :data:`VERDICT_MARGIN` of the limit: the run may still fail. The
+#: margin covers what a peak-allocation estimate cannot see: the caching allocator's rounding and
+#: fragmentation (a capped GPU fails when *reserved* memory reaches the cap, not allocated memory;
+#: GPT-2 774M at stage 3 ran out with 13.21 GiB allocated of 15) and the estimator's own error. It is
+#: chosen so that no out-of-memory case of the measurements (helpers/memory_measurements.json) is
+#: "fits" (tests/test_memory_validation.py checks that on the validation half).
+FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
+#: How close to a limit a prediction may come and still be called "fits": within 10% is "tight".
+VERDICT_MARGIN = 0.10
+#: The places a verdict speaks of, and their names in sentences.
+PLACES = {"gpu": "GPU", "cpu": "host RAM", "nvme": "NVMe disk"}
+
+
+def verdict(need: int | float, limit: int | float | None, margin: float = VERDICT_MARGIN) -> str:
+    """"fits" when ``need`` <= (1 - margin) x ``limit``, "tight" up to the limit, else "does not
+    fit".
+
+    A limit of None means the place does not exist here (no GPU): anything needed there does not
+    fit,
+    nothing needed fits. A negative need or margin outside [0, 1) is a caller's bug (ValueError)."""
+    if need < 0 or not 0 <= margin < 1:
+        raise ValueError(
+            f"need must be >= 0 and margin in [0, 1): got need={need}, margin={margin}"
+        )
+    if limit is None:
+        return FITS if not need else NO_FIT
+    if need <= (1 - margin) * limit:
+        return FITS
+    return TIGHT if need <= limit else NO_FIT
+
+
+@dataclass(frozen=True)
+class PlaceVerdict:
+    """One place's need, limit and verdict."""
+
+    place: str
+    need: int
+    limit: int | None
+    word: str
+
+    def sentence(self) -> str:
+        """``GPU: 14.61 of 15.0 GiB: tight (within 10% of the limit)``."""
+        limit = "no such device here" if self.limit is None else f"{self.limit / GiB:.1f} GiB"
+        why = f" (within {VERDICT_MARGIN:.0%} of the limit)" if self.word == TIGHT else ""
+        name = PLACES.get(self.place, self.place)
+        return f"{name}: {self.need / GiB:.2f} of {limit}: {self.word}{why}"
+
+
+def worst_verdict(words: list[str]) -> str:
+    """The overall verdict of several places: the worst of them ("fits" only when all fit)."""
+    order = [FITS, TIGHT, NO_FIT]
+    return max(words, key=order.index) if words else FITS
+
+
+def verdicts(
+    needs: dict[str, int], limits: dict[str, int | None], margin: float = VERDICT_MARGIN
+) -> dict[str, PlaceVerdict]:
+    """A verdict for every place that needs bytes (and always for "gpu" and "cpu" when limited)."""
+    out = {}
+    for place in PLACES:
+        need = int(needs.get(place, 0))
+        if need or (place in limits and limits[place] is not None and place != "nvme"):
+            limit = limits.get(place)
+            out[place] = PlaceVerdict(place, need, limit, verdict(need, limit, margin))
     return out

@@ -2,8 +2,8 @@
 estimators people already use. The model is built on the meta device from its config alone: no
 weights are downloaded or created.
 
-    python -m helpers.sizing --model gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
-    python -m helpers.sizing --model ./my-model-folder --micro-batch 8 --seq-len 1024 --emulate t4
+    python -m helpers sizing --model gpt2-355m --micro-batch 4 --seq-len 512 --grad-ckpt
+    python -m helpers sizing --model ./my-model-folder --micro-batch 8 --seq-len 1024 --emulate t4
 
 ``--model`` takes a kit shape (helpers.models.MODEL_SHAPES), a local folder with a config.json
 (a ``save_pretrained`` folder), or a Hub name (its config.json only; offline, one line says so).
@@ -17,14 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import config, infinity, matrix, measurements, memory, models, verdict
+from helpers import config, measurements, memory, models
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import MISSING, gib
+from helpers.show import Table, MISSING, gib
 
 
 class SizingError(ValueError):
@@ -38,13 +36,13 @@ class Sized:
     label: str
     config: dict
     estimate: memory.Estimate
-    verdicts: dict[str, verdict.PlaceVerdict]
+    verdicts: dict[str, memory.PlaceVerdict]
     #: what one host needs per place: the GPU's for one rank, host RAM and NVMe for its ranks
     needs: dict[str, int] = field(default_factory=dict)
 
     @property
     def overall(self) -> str:
-        return verdict.worst([v.word for v in self.verdicts.values()])
+        return memory.worst_verdict([v.word for v in self.verdicts.values()])
 
 
 def resolve(name: str):
@@ -185,10 +183,10 @@ def size(
     one rank's; host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`)."""
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
-        (label, matrix.config_for(choice, info, environment, micro_batch, world_size), False)
-        for label, choice in matrix.CONFIGS
+        (label, config.for_row(choice, info, environment, micro_batch, world_size), False)
+        for label, choice in config.STAGE_ROWS
     ]
-    nvme = infinity.nvme_config(
+    nvme = config.zero_infinity(
         info, environment, micro_batch, kit_env.default_offload_dir(), world_size=world_size
     )
     rows.append((ZERO_INIT_NVME, nvme, True))
@@ -204,8 +202,8 @@ def size(
             on_gpu=environment.has_gpu,
             zero_init=zero_init,
         )
-        needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in verdict.PLACES}
-        out.append(Sized(label, ds, est, verdict.places(needs, limits(environment)), needs))
+        needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in memory.PLACES}
+        out.append(Sized(label, ds, est, memory.verdicts(needs, limits(environment)), needs))
     return out
 
 
@@ -219,7 +217,7 @@ def size_table(
     ranks_per_host: int | None = None,
 ) -> Table:
     """Predicted GPU / host / disk GiB per stage and offload, each place's verdict and when the GPU
-    peaks: what ``python -m helpers.sizing`` prints and notebook 03 shows. Host and NVMe figures
+    peaks: what ``python -m helpers sizing`` prints and notebook 03 shows. Host and NVMe figures
     are one host's (all its ranks)."""
     rows = []
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
@@ -247,7 +245,7 @@ def size_table(
     title = (
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters at {micro_batch} x {seq_len}"
         f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
-        f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {verdict.MARGIN:.0%} of the limit"
+        f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
     return Table(
         [
@@ -454,63 +452,6 @@ def verdict_line(machine: kit_env.Environment) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the size table for one model; bad options and unknown models end in one line,
-    exit 2."""
-    from helpers import cli
-
-    parser = cli.OneLineParser(
-        prog="python -m helpers.sizing",
-        name="sizing",
-        description="Predict a model's GPU, host and disk memory per ZeRO stage and offload.",
-    )
-    parser.add_argument(
-        "--model", required=True, help="a kit shape, a local model folder, or a Hub name"
-    )
-    parser.add_argument("--micro-batch", type=cli.positive_int, default=4)
-    parser.add_argument("--seq-len", type=cli.whole_number(8), default=512)
-    parser.add_argument("--grad-ckpt", action="store_true")
-    parser.add_argument("--world-size", type=cli.positive_int, default=1)
-    parser.add_argument(
-        "--ranks-per-host",
-        type=cli.positive_int,
-        default=None,
-        help="ranks sharing one host's RAM and disk (default: one per GPU of the machine)",
-    )
-    parser.add_argument(
-        "--emulate",
-        type=cli.one_of(["t4", "none"]),
-        default=None,
-        help="t4: the verdict for a free Colab T4 (15 GiB GPU, 12.7 GB RAM)",
-    )
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help="also print DeepSpeed's and Accelerate's estimates beside the kit's",
-    )
-    args = parser.parse_args(argv)
-    try:
-        with cli.quiet():
-            info, hf = resolve(args.model)
-    except SizingError as err:
-        cli.refuse(parser, "--model", args.model, str(err))
-    if why := seq_len_problem(info, args.seq_len):
-        cli.refuse(parser, "--seq-len", args.seq_len, why)
-    machine = machine_for(None if args.emulate == "none" else args.emulate)
-    if why := ranks_problem(machine, args.world_size, args.ranks_per_host):
-        cli.refuse(parser, "--ranks-per-host", args.ranks_per_host, why)
-    sizes = (args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
-    print(size_table(info, machine, *sizes, ranks_per_host=args.ranks_per_host))
-    print(verdict_line(machine))
-    if args.compare:
-        with cli.quiet():
-            table = side_by_side(info, hf, machine, *sizes, ranks_per_host=args.ranks_per_host)
-        print()
-        print(table)
-        print(ACCELERATE_NOTE)
-    return 0
-
-
 def ranks_problem(
     machine: kit_env.Environment, world_size: int, ranks_per_host: int | None
 ) -> str | None:
@@ -525,7 +466,3 @@ def ranks_problem(
         return (f"{machine.gpu_name} has {machine.gpu_count} GPU(s), one rank each: use at most "
                 f"{machine.gpu_count} (--world-size {world_size} then runs on {hosts} hosts)")
     return None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""helpers.bench: each status, the JSON schema, and per-rank byte accounting with 2 CPU ranks."""
+"""helpers.runner: each status, the JSON schema, and per-rank byte accounting with 2 CPU ranks."""
 
 import dataclasses
 import json
@@ -8,24 +8,26 @@ import sys
 
 import pytest
 
-from helpers import bench, config, matrix
+from helpers import config, runner
 from helpers import env
+from helpers.lessons import stages_and_offload
+from tools import run_log
 
 CPU_FP32 = dict(trainer=False, precision="fp32", pin_memory=False, micro_batch=2)
 
 
 def spec(stage=2, **kw):
     ds = config.build(stage=stage, world_size=kw.get("world_size", 1), **CPU_FP32)
-    return bench.RunSpec(ds_config=ds, shape="tiny", steps=kw.pop("steps", 3), force_cpu=True, **kw)
+    return runner.RunSpec(ds_config=ds, shape="tiny", steps=kw.pop("steps", 3), force_cpu=True, **kw)
 
 
 def test_ok_run_reports_every_field():
-    r = bench.measure(spec())
-    assert r.status == bench.OK and r.steps_done == 3 and len(r.losses) == 3 and r.losses[-1] < r.losses[0]
+    r = runner.measure(spec())
+    assert r.status == runner.OK and r.steps_done == 3 and len(r.losses) == 3 and r.losses[-1] < r.losses[0]
     assert r.median_step_s > 0 and r.tokens_per_s > 0 and r.peak_host_rss_bytes > 100 * 2**20
     assert r.n_params == 3_382_080 and r.ranks[0]["params_bytes"] == 4 * r.n_params
     assert json.loads(json.dumps(dataclasses.asdict(r)))["status"] == "ok"
-    # Host RSS per phase of the run (helpers.rss_trace), in the order the phases began.
+    # Host RSS per phase of the run (helpers.runner), in the order the phases began.
     phases = {p["name"]: p for p in r.rss_phases}
     assert list(phases) == ["imports, process group", "model built", "deepspeed.initialize",
                             "forward and backward", "optimizer step"]
@@ -41,31 +43,43 @@ def test_ok_run_reports_every_field():
     assert top > 100 * 2**20 and (own is None or top == pytest.approx(own, rel=0.01))
 
 
+#: An entry point whose every rank runs out of memory at once (an error raised as CUDA raises it).
+FAKE_OOM = """
+import torch
+
+
+def oom_at_first_step(payload, result):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated on CPU)")
+"""
+
+
 def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
-    monkeypatch.setenv(bench.FAKE_OOM_ENV, "1")
-    monkeypatch.setenv(bench.LOG_ENV, str(tmp_path / "runs.jsonl"))
-    r = bench.measure(spec())
-    assert r.status == bench.OOM and r.losses == []
+    (tmp_path / "fake_runs.py").write_text(FAKE_OOM)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the run's process imports its entry point
+    monkeypatch.setenv(runner.REPORT_ENV, "tools.run_log:append")  # as tools/gpu_record_run.sh sets it
+    monkeypatch.setenv(run_log.LOG_ENV, str(tmp_path / "runs.jsonl"))
+    r = runner.finish(runner.run(spec(), entry="fake_runs:oom_at_first_step"), spec())
+    assert r.status == runner.OOM and r.losses == []
     assert r.message.startswith("CUDA out of memory: tried to allocate 2.00 GiB (simulated on CPU)")
     logged = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert [(x["shape"], x["status"]) for x in logged] == [("tiny", bench.OOM)]
+    assert [(x["shape"], x["status"]) for x in logged] == [("tiny", runner.OOM)]
 
 
 def test_a_run_past_its_ram_budget_is_killed_and_reported():
-    r = bench.measure(spec(ram_limit_bytes=50 * 2**20))
-    assert r.status == bench.KILLED_RAM and "budget" in r.message
+    r = runner.measure(spec(ram_limit_bytes=50 * 2**20))
+    assert r.status == runner.KILLED_RAM and "budget" in r.message
 
 
 def test_other_errors_carry_their_message():
     bad = spec()
     bad.ds_config["zero_optimization"]["no_such_key"] = 1
-    r = bench.measure(bad)
-    assert r.status == bench.ERROR and "no_such_key" in r.message
+    r = runner.measure(bad)
+    assert r.status == runner.ERROR and "no_such_key" in r.message
 
 
 def test_two_cpu_ranks_hold_the_zero_fractions():
-    runs = {(stage, n): bench.measure(spec(stage, world_size=n, steps=2)) for stage in (1, 3) for n in (1, 2)}
-    assert all(r.status == bench.OK for r in runs.values())
+    runs = {(stage, n): runner.measure(spec(stage, world_size=n, steps=2)) for stage in (1, 3) for n in (1, 2)}
+    assert all(r.status == runner.OK for r in runs.values())
     one, two = runs[(1, 1)].ranks[0], runs[(1, 2)].ranks
     assert [r["optimizer_bytes"] for r in two] == [one["optimizer_bytes"] // 2] * 2
     assert all(r["params_bytes"] == one["params_bytes"] for r in two)
@@ -74,58 +88,58 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
     assert all(abs(r["params_bytes"] - solo3["params_bytes"] / 2) <= 0.02 * solo3["params_bytes"] for r in runs[(3, 2)].ranks)
 
 
-def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[matrix.Row]:
+def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[runner.Row]:
     out = []
-    for label in matrix.TWO_RANK_LABELS:
-        choice = dict(matrix.CONFIGS)[label]
+    for label in stages_and_offload.TWO_RANK_LABELS:
+        choice = dict(config.STAGE_ROWS)[label]
         share = 2 if (halve and ranks == 2 and choice["stage"] >= 1) else 1
         per = {"optimizer_bytes": 800 // share, "grads_bytes": 400 // share,
                "params_bytes": 400 // (share if choice["stage"] == 3 else 1), "peak_gpu_allocated_bytes": peak}
-        result = bench.RunResult(label, bench.OK, losses=list(losses), peak_gpu_allocated_bytes=peak,
+        result = runner.RunResult(label, runner.OK, losses=list(losses), peak_gpu_allocated_bytes=peak,
                                  ranks=[dict(per, rank=i) for i in range(ranks)])
-        out.append(matrix.Row(label, choice, None, result, None))
+        out.append(runner.Row(label, choice, None, result, None))
     return out
 
 
 def test_two_rank_checks_hold_for_zero_fractions_and_fail_otherwise():
     cpu = env.describe()
-    assert all(held for _, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), cpu))
-    failed = [claim for claim, held in matrix.two_rank_checks(_rows(1, True), _rows(2, False), cpu) if not held]
+    assert all(held for _, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, True), cpu))
+    failed = [claim for claim, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, False), cpu) if not held]
     assert "stage 1: optimizer halved on each of 2 ranks" in failed and "stage 3: params halved on each of 2 ranks" in failed
     assert "stage 0: optimizer whole on each of 2 ranks" not in failed
     two = _rows(2, True)
     two[1].result.losses, two[2].result.losses = [2.0, 1.5], [2.5, 1.0]
-    drift = [c for c, held in matrix.two_rank_checks(_rows(1, True), two, cpu) if not held]
+    drift = [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True), two, cpu) if not held]
     assert drift == ["stage 1: 2-rank losses match 2-rank stage 0 (within 0.0001)",
                      "stage 2: first loss with 2 ranks equals 1 rank's (within 0.0001)",
                      "stage 2: 2-rank losses match 2-rank stage 0 (within 0.0001)"]
     gpu = dataclasses.replace(cpu, gpu_name="T4", gpu_count=2, precision="fp16")
-    same_peak = [c for c, held in matrix.two_rank_checks(_rows(1, True), _rows(2, True), gpu) if not held]
+    same_peak = [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True), _rows(2, True), gpu) if not held]
     assert "stage 3: less GPU memory per rank with 2 ranks than with 1" in same_peak
-    assert not [c for c, held in matrix.two_rank_checks(_rows(1, True, peak=100), _rows(2, True, peak=60), gpu) if not held]
+    assert not [c for c, held in stages_and_offload.two_rank_checks(_rows(1, True, peak=100), _rows(2, True, peak=60), gpu) if not held]
 
 
 def test_two_rank_plan_follows_the_gpus():
     cpu = env.describe()
-    assert matrix.two_rank_plan(cpu)[0] == "cpu"
-    assert matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=2))[0] == "gpu"
-    where, why = matrix.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=1))
+    assert stages_and_offload.two_rank_plan(cpu)[0] == "cpu"
+    assert stages_and_offload.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=2))[0] == "gpu"
+    where, why = stages_and_offload.two_rank_plan(dataclasses.replace(cpu, gpu_name="T4", gpu_count=1))
     assert where is None and "Kaggle" in why
 
 
 def test_command_line_prints_the_table():
-    done = subprocess.run([sys.executable, "-m", "helpers.bench", "--shape", "tiny", "--stage", "1", "--steps", "2",
+    done = subprocess.run([sys.executable, "-m", "helpers", "bench", "--shape", "tiny", "--stage", "1", "--steps", "2",
                            "--precision", "fp32"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Measured runs" in done.stdout and "stage 1" in done.stdout and " ok " in done.stdout
 
 
 def test_command_line_matrix_with_two_ranks():
-    done = subprocess.run([sys.executable, "-m", "helpers.matrix", "--only", "stage 0,stage 3", "--world-size", "2",
+    done = subprocess.run([sys.executable, "-m", "helpers", "matrix", "--only", "stage 0,stage 3", "--world-size", "2",
                            "--shape", "tiny", "--steps", "2"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Per rank" in done.stdout and "stage 3" in done.stdout and "stage 1" not in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "helpers.matrix", "--only", "stage 9"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "helpers", "matrix", "--only", "stage 9"], capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode == 2 and "unknown matrix row" in bad.stderr
 
@@ -138,47 +152,47 @@ def test_nvme_cleanup_removes_only_this_runs_folder(tmp_path):
     own = tmp_path / "run-2-this"
     (own / "zero_stage_3" / "optimizer" / "rank0").mkdir(parents=True)
     (own / "zero_stage_3" / "optimizer" / "rank0" / "0.tensor.swp").write_bytes(b"x" * 10)
-    bench._remove_swap_files(str(own), str(tmp_path), created=True)
+    runner._remove_swap_files(str(own), str(tmp_path), created=True)
     assert mine.read_text() == "keep me" and beside.is_dir() and not own.exists()
     fresh = tmp_path / "fresh"
     (fresh / "run-3" / "zero_stage_3").mkdir(parents=True)
-    bench._remove_swap_files(str(fresh / "run-3"), str(fresh), created=True)
+    runner._remove_swap_files(str(fresh / "run-3"), str(fresh), created=True)
     assert not fresh.exists()
 
 
 def test_each_run_swaps_into_its_own_subfolder_and_leaves_the_parent_as_it_was(tmp_path, monkeypatch):
-    from helpers import libaio, memory
+    from helpers import memory
 
     # two runs side by side once shared one folder: one overwrote (and deleted) the other's swap
     # files, and notebook 05's NVMe losses parted from stage 0's in CI
-    assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+    assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
     parent = tmp_path / "offload"
-    choice = dict(matrix.CONFIGS)["stage 3 + NVMe offload"]
-    ds = matrix.config_for(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",
+    choice = dict(config.STAGE_ROWS)["stage 3 + NVMe offload"]
+    ds = config.for_row(choice, memory.ModelInfo.for_shape("tiny"), None, 2, precision="fp32",
                            nvme_path=str(parent))
-    moved = bench.with_nvme_folder(ds, str(parent / "run-x"))
+    moved = runner.with_nvme_folder(ds, str(parent / "run-x"))
     zero, was = moved["zero_optimization"], ds["zero_optimization"]
     assert zero["offload_param"]["nvme_path"] == str(parent / "run-x")
     assert zero["offload_optimizer"]["nvme_path"] == str(parent / "run-x")
     assert was["offload_param"]["nvme_path"] == str(parent)  # the caller's config is untouched
-    seen, real = [], bench._folder_bytes
-    monkeypatch.setattr(bench, "_folder_bytes", lambda path: seen.append(path) or real(path))
-    result = bench.measure(bench.RunSpec(ds_config=ds, shape="tiny", steps=2, force_cpu=True))
-    assert result.status == bench.OK, result.message
+    seen, real = [], runner._folder_bytes
+    monkeypatch.setattr(runner, "_folder_bytes", lambda path: seen.append(path) or real(path))
+    result = runner.measure(runner.RunSpec(ds_config=ds, shape="tiny", steps=2, force_cpu=True))
+    assert result.status == runner.OK, result.message
     assert seen and all(os.path.dirname(p) == str(parent) for p in seen), seen
     assert result.peak_nvme_bytes > 0 and not parent.exists()
 
 
 def test_an_error_row_fails_the_matrix_checks_but_a_limit_does_not():
     machine = env.describe()
-    row = lambda label, status, msg: matrix.Row(label, dict(matrix.CONFIGS)[label], None,
-                                                bench.RunResult(label, status, msg, losses=[2.0, 1.0]), None)
+    row = lambda label, status, msg: runner.Row(label, dict(config.STAGE_ROWS)[label], None,
+                                                runner.RunResult(label, status, msg, losses=[2.0, 1.0]), None)
     claim = "every config ran, or hit a limit, or says why it did not run (no errors)"
-    fine = [row("stage 0", bench.OK, ""), row("stage 1", bench.OOM, "CUDA out of memory"),
-            row("stage 3 + NVMe offload", bench.NOT_HERE, "libaio missing")]
-    assert dict(matrix.checks(fine, machine, nvme_ready=False))[claim]
-    broken = fine + [row("stage 2", bench.ERROR, "DistNetworkError: port 29500 taken")]
-    assert not dict(matrix.checks(broken, machine, nvme_ready=False))[claim]
+    fine = [row("stage 0", runner.OK, ""), row("stage 1", runner.OOM, "CUDA out of memory"),
+            row("stage 3 + NVMe offload", runner.NOT_HERE, "libaio missing")]
+    assert dict(stages_and_offload.checks(fine, machine, nvme_ready=False))[claim]
+    broken = fine + [row("stage 2", runner.ERROR, "DistNetworkError: port 29500 taken")]
+    assert not dict(stages_and_offload.checks(broken, machine, nvme_ready=False))[claim]
 
 
 def test_matrix_plots_include_step_times_and_losses():
@@ -187,16 +201,27 @@ def test_matrix_plots_include_step_times_and_losses():
     rows = _rows(1, True)
     for r in rows:
         r.result.median_step_s = 0.5
-    figures = matrix.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
+    figures = stages_and_offload.plot(rows, env.describe())  # no GPU here: host RAM, step times, losses
     titles = [f.axes[0].get_title() for f in figures]
     assert len(figures) == 3 and titles[1].startswith("Seconds per step") and "loss" in titles[2]
 
 
 def test_the_engine_loop_each_run_executes_is_shown_as_source():
-    from helpers import tables
+    from helpers import show
 
-    shown = tables.Source(bench.train_steps)
-    assert str(shown).startswith("# helpers.bench.train_steps\ndef train_steps(")
+    shown = show.Source(runner.train_steps)
+    assert str(shown).startswith("# helpers.runner.train_steps\ndef train_steps(")
     for call in ("deepspeed.initialize(", "engine.backward(loss)", "engine.step()"):
         assert call in shown.code
     assert "<details>" in shown._repr_html_() and "engine.step()" in shown._repr_html_()
+
+
+def test_a_spec_that_disagrees_with_its_config_is_refused():
+    """The DeepSpeed config carries the micro batch and the world size; the spec must say the same."""
+    ds = config.build(stage=2, trainer=False, precision="fp32", pin_memory=False, micro_batch=4, world_size=2)
+    with pytest.raises(ValueError, match="micro_batch 2 but the config's train_micro_batch_size_per_gpu is 4"):
+        runner.RunSpec(ds_config=ds, micro_batch=2, world_size=2)
+    with pytest.raises(ValueError, match=r"world_size 1 but the config's train_batch_size .* is 2"):
+        runner.RunSpec(ds_config=ds, micro_batch=4)
+    assert runner.RunSpec(ds_config=ds, micro_batch=4, world_size=2).world_size == 2
+    runner.RunSpec(ds_config=config.build(stage=2, trainer=True), micro_batch=3)  # "auto" says nothing

@@ -23,8 +23,28 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "build" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: ``KIT_FORM_BROKEN=1``: serve a form whose controls are not wired (this test must then fail), to
+#: show that it catches a form that renders but does not respond.
+BREAK_ENV = "KIT_FORM_BROKEN"
+FORM_WIRING = 'control.observe(self.refresh, names="value")'
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def break_form(root: Path) -> None:
+    """Unwire the form's controls in the copy of the kit under ``root``."""
+    path = root / "helpers" / "lessons" / "config_builder.py"
+    text = path.read_text()
+    assert FORM_WIRING in text, "the form's wiring moved: update FORM_WIRING"
+    path.write_text(text.replace(FORM_WIRING, "pass  # unwired: " + FORM_WIRING))
+
+
+def test_the_break_switch_still_finds_the_forms_wiring(tmp_path):
+    lessons = tmp_path / "helpers" / "lessons"
+    lessons.mkdir(parents=True)
+    shutil.copy(ROOT / "helpers" / "lessons" / "config_builder.py", lessons)
+    break_form(tmp_path)
+    assert "pass  # unwired: " + FORM_WIRING in (lessons / "config_builder.py").read_text()
 
 
 def _require_browser():
@@ -46,13 +66,15 @@ def _require_browser():
 def lab(tmp_path):
     """JupyterLab serving a copy of the repository; yields (url, token, root)."""
     _require_browser()
-    from helpers.dist import free_port
+    from helpers.env import free_port
 
     root = tmp_path / "kit"
     for name in ("notebooks", "helpers", "configs"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     for name in ("requirements.txt", "requirements-colab.txt"):
         shutil.copy(ROOT / name, root / name)
+    if os.environ.get(BREAK_ENV) == "1":
+        break_form(root)
     port, token = free_port(18888), secrets.token_hex(16)
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)

@@ -8,7 +8,11 @@ import math
 
 import pytest
 
-from helpers import bench, claims, dist, doctor, env, infinity, machine_check, matrix, train
+from helpers import claims, config, doctor, env, runner
+from helpers.lessons import biggest_model
+from helpers.lessons import stages_and_offload
+from helpers.lessons import zero2_training
+from helpers.lessons import gpu_check
 
 XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
 
@@ -47,14 +51,14 @@ def test_an_empty_comparison_is_a_failure_not_a_pass():
 # ---- notebook 05: the matrix ------------------------------------------------------------------------
 
 
-def _row(label, choice, status=bench.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None):
-    result = bench.RunResult(label, status, "" if status == bench.OK else f"{status} (test)", losses=list(losses),
+def _row(label, choice, status=runner.OK, losses=(10.0, 9.0, 8.0, 7.0), gpu=None):
+    result = runner.RunResult(label, status, "" if status == runner.OK else f"{status} (test)", losses=list(losses),
                              peak_gpu_allocated_bytes=gpu)
-    return matrix.Row(label, choice, None, result, None)
+    return runner.Row(label, choice, None, result, None)
 
 
 def _matrix(**status):
-    return [_row(label, choice, status.get(label, bench.OK)) for label, choice in matrix.CONFIGS]
+    return [_row(label, choice, status.get(label, runner.OK)) for label, choice in config.STAGE_ROWS]
 
 
 @pytest.fixture(scope="module")
@@ -67,42 +71,42 @@ def failed(found):
 
 
 def test_a_good_matrix_passes(cpu):
-    assert failed(matrix.checks(_matrix(), cpu, nvme_ready=True)) == []
+    assert failed(stages_and_offload.checks(_matrix(), cpu, nvme_ready=True)) == []
 
 
 def test_an_all_out_of_memory_matrix_fails(cpu):
-    rows = _matrix(**{label: bench.OOM for label, _ in matrix.CONFIGS})
-    bad = failed(matrix.checks(rows, cpu, nvme_ready=True))
+    rows = _matrix(**{label: runner.OOM for label, _ in config.STAGE_ROWS})
+    bad = failed(stages_and_offload.checks(rows, cpu, nvme_ready=True))
     assert "stage 0 ran (the baseline every row is compared with)" in bad
     assert "at least one offload config ran" in bad
     assert any(c.startswith("at least two ZeRO configs compared") for c in bad)
     assert any(c.startswith("stage 0: the loss falls") for c in bad)
-    summary = matrix.summary(rows, matrix.checks(rows, cpu, nvme_ready=True))
+    summary = stages_and_offload.summary(rows, stages_and_offload.checks(rows, cpu, nvme_ready=True))
     assert "losses agree with stage 0: False" in summary and "all checks held: False" in summary
 
 
 def test_nvme_rows_that_did_not_run_fail_where_libaio_is_ready(cpu):
-    rows = _matrix(**{"stage 3 + NVMe offload": bench.NOT_HERE})
-    assert "libaio is ready here, so the NVMe row ran" in failed(matrix.checks(rows, cpu, nvme_ready=True))
-    assert failed(matrix.checks(rows, cpu, nvme_ready=False)) == []
+    rows = _matrix(**{"stage 3 + NVMe offload": runner.NOT_HERE})
+    assert "libaio is ready here, so the NVMe row ran" in failed(stages_and_offload.checks(rows, cpu, nvme_ready=True))
+    assert failed(stages_and_offload.checks(rows, cpu, nvme_ready=False)) == []
 
 
 def test_losses_that_differ_from_stage_0_fail(cpu):
     rows = _matrix()
     rows[2] = _row("stage 2", {"stage": 2}, losses=(10.0, 9.0, 8.0, 7.5))
-    assert any(c.startswith("stage 2: losses match stage 0") for c in failed(matrix.checks(rows, cpu, True)))
+    assert any(c.startswith("stage 2: losses match stage 0") for c in failed(stages_and_offload.checks(rows, cpu, True)))
 
 
 def test_a_stage_0_loss_that_jumps_at_the_last_step_fails(cpu):
-    rows = [_row(label, choice, losses=XL_RUN) for label, choice in matrix.CONFIGS]
-    assert any(c.startswith("stage 0: the loss falls") for c in failed(matrix.checks(rows, cpu, True)))
+    rows = [_row(label, choice, losses=XL_RUN) for label, choice in config.STAGE_ROWS]
+    assert any(c.startswith("stage 0: the loss falls") for c in failed(stages_and_offload.checks(rows, cpu, True)))
 
 
 def test_on_a_gpu_offload_must_run_and_save_memory(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
-    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in matrix.CONFIGS]
-    rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=bench.OOM)
-    bad = failed(matrix.checks(rows, gpu, nvme_ready=False))
+    rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30) for label, choice in config.STAGE_ROWS]
+    rows[4] = _row("stage 2 + CPU offload", rows[4].choice, status=runner.OOM)
+    bad = failed(stages_and_offload.checks(rows, gpu, nvme_ready=False))
     assert "stage 2 + CPU offload uses less GPU memory than stage 2 (one did not run)" in bad
 
 
@@ -110,28 +114,28 @@ def test_a_subset_of_rows_is_held_to_its_own_pairs_and_names_its_model(cpu):
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
     labels = ["stage 0", "stage 2", "stage 2 + CPU offload"]  # notebook 05's Llama-style rows
     rows = [_row(label, choice, gpu=2**30 if "offload" in label else 2 * 2**30)
-            for label, choice in matrix.CONFIGS if label in labels]
-    found = matrix.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")
+            for label, choice in config.STAGE_ROWS if label in labels]
+    found = stages_and_offload.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")
     assert failed(found) == [] and all(c.startswith("smollm2-360m-shaped: ") for c, _ in found)
     assert not any("stage 3" in c for c, _ in found)
     rows[2] = _row("stage 2 + CPU offload", rows[2].choice, gpu=3 * 2**30)  # offload saved nothing
     assert ("smollm2-360m-shaped: stage 2 + CPU offload uses less GPU memory than stage 2"
-            in failed(matrix.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")))
+            in failed(stages_and_offload.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")))
 
 
 def test_two_shapes_side_by_side_quote_both_runs(cpu):
     def rows(shape, gib):
-        out = [_row(label, choice, gpu=gib * 2**30) for label, choice in matrix.CONFIGS[:3]]
+        out = [_row(label, choice, gpu=gib * 2**30) for label, choice in config.STAGE_ROWS[:3]]
         for r in out:
-            r.spec = bench.RunSpec(ds_config={}, shape=shape)
+            r.spec = runner.RunSpec(ds_config={}, shape=shape)
             r.result.median_step_s = gib / 10
         return out
 
     gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
-    line = matrix.shape_takeaway(rows("gpt2-355m", 5), rows("smollm2-360m-shaped", 6), gpu)
+    line = stages_and_offload.shape_takeaway(rows("gpt2-355m", 5), rows("smollm2-360m-shaped", 6), gpu)
     assert line.startswith("Peak GPU, gpt2-355m vs smollm2-360m-shaped: stage 0 5.00 vs 6.00 GiB, 0.50 vs 0.60")
-    none_ran = [_row(label, choice, status=bench.OOM) for label, choice in matrix.CONFIGS[:3]]
-    assert "no config that ran under both" in matrix.shape_takeaway(rows("gpt2-355m", 5), none_ran, gpu)
+    none_ran = [_row(label, choice, status=runner.OOM) for label, choice in config.STAGE_ROWS[:3]]
+    assert "no config that ran under both" in stages_and_offload.shape_takeaway(rows("gpt2-355m", 5), none_ran, gpu)
 
 
 # ---- notebook 06: the ladder ------------------------------------------------------------------------
@@ -142,20 +146,20 @@ def _phases(forward_backward=2**30, step=2**30 + 10 * 2**20):
             {"name": "optimizer step", "start_bytes": 2**29, "peak_bytes": step, "entries": 6}]
 
 
-def _rung(shape, method, status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
-    result = bench.RunResult(f"{shape} {method}", status, "" if status == bench.OK else f"{status} (test)",
-                             losses=list(losses) if status == bench.OK else [], steps_done=steps,
+def _rung(shape, method, status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5), steps=6):
+    result = runner.RunResult(f"{shape} {method}", status, "" if status == runner.OK else f"{status} (test)",
+                             losses=list(losses) if status == runner.OK else [], steps_done=steps,
                              peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30,
                              rss_phases=_phases())
-    return infinity.Rung(shape, method, result, 1)
+    return biggest_model.Rung(shape, method, result, 1)
 
 
-def _ladder(headline_status=bench.OK, nvme_status=bench.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):
+def _ladder(headline_status=runner.OK, nvme_status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):
     out = []
     for shape in ("tiny", "gpt2-1.5b"):
-        for method, _ in infinity.METHODS:
+        for method, _ in biggest_model.METHODS:
             if method.startswith("stage 0") and shape == "gpt2-1.5b":
-                out.append(_rung(shape, method, bench.OOM))
+                out.append(_rung(shape, method, runner.OOM))
             elif method == "ZeRO-3 + NVMe":
                 out.append(_rung(shape, method, headline_status if shape == "gpt2-1.5b" else nvme_status,
                                  losses))
@@ -165,24 +169,24 @@ def _ladder(headline_status=bench.OK, nvme_status=bench.OK, losses=(10.8, 10.0, 
 
 
 def test_a_good_ladder_passes(cpu):
-    assert failed(infinity.checks(_ladder(), cpu, "gpt2-1.5b", nvme_ready=True)) == []
+    assert failed(biggest_model.checks(_ladder(), cpu, "gpt2-1.5b", nvme_ready=True)) == []
 
 
 def test_nvme_rows_all_not_here_fail_where_libaio_is_ready(cpu):
-    rungs = [r for r in _ladder(nvme_status=bench.NOT_HERE, headline_status=bench.NOT_HERE)]
-    bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=True))
+    rungs = [r for r in _ladder(nvme_status=runner.NOT_HERE, headline_status=runner.NOT_HERE)]
+    bad = failed(biggest_model.checks(rungs, cpu, None, nvme_ready=True))
     assert any(c.startswith("libaio is ready, so ZeRO-3 + NVMe trained") for c in bad)
 
 
 def test_a_headline_killed_for_ram_fails(cpu):
-    bad = failed(infinity.checks(_ladder(headline_status=bench.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
+    bad = failed(biggest_model.checks(_ladder(headline_status=runner.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
     assert "gpt2-1.5b trains with ZeRO-3 + NVMe" in bad
 
 
 def test_a_headline_that_finished_over_the_ram_budget_fails(cpu):
     rungs = _ladder()
     rungs[-1].result.peak_host_rss_bytes = cpu.ram_budget_bytes + 1
-    bad = failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    bad = failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
     assert any(c.startswith("gpt2-1.5b: peak host RSS within") for c in bad), bad
 
 
@@ -192,33 +196,33 @@ def t4(cpu):
 
 
 def test_on_a_gpu_the_headline_must_fit_the_cap_under_emulation(cpu):
-    assert failed(infinity.checks(_ladder(), t4(cpu), "gpt2-1.5b", nvme_ready=True)) == []
+    assert failed(biggest_model.checks(_ladder(), t4(cpu), "gpt2-1.5b", nvme_ready=True)) == []
     rungs = _ladder()
     rungs[-1].result.peak_gpu_allocated_bytes = 16 * 2**30
-    assert any("peak GPU memory within 15.0 GiB" in c for c in failed(infinity.checks(rungs, t4(cpu), "gpt2-1.5b",
+    assert any("peak GPU memory within 15.0 GiB" in c for c in failed(biggest_model.checks(rungs, t4(cpu), "gpt2-1.5b",
                                                                                        True)))
     no_emulation = dataclasses.replace(t4(cpu), emulation=None)
-    assert any("T4 emulation on" in c for c in failed(infinity.checks(_ladder(), no_emulation, "gpt2-1.5b", True)))
+    assert any("T4 emulation on" in c for c in failed(biggest_model.checks(_ladder(), no_emulation, "gpt2-1.5b", True)))
 
 
 def test_an_all_out_of_memory_ladder_fails_even_without_libaio(cpu):
-    rungs = [_rung(r.shape, r.method, bench.OOM) for r in _ladder()]
-    bad = failed(infinity.checks(rungs, cpu, None, nvme_ready=False))
+    rungs = [_rung(r.shape, r.method, runner.OOM) for r in _ladder()]
+    bad = failed(biggest_model.checks(rungs, cpu, None, nvme_ready=False))
     assert "the smallest size (tiny) trained under stage 0 and ZeRO-2 + CPU offload" in bad
 
 
 def test_a_headline_loss_that_jumps_at_the_last_step_fails(cpu):
-    bad = failed(infinity.checks(_ladder(losses=XL_RUN), cpu, "gpt2-1.5b", nvme_ready=True))
+    bad = failed(biggest_model.checks(_ladder(losses=XL_RUN), cpu, "gpt2-1.5b", nvme_ready=True))
     assert any(c.startswith("gpt2-1.5b: the loss falls") for c in bad)
 
 
 def test_a_headline_that_fits_under_stage_0_fails(cpu):
     rungs = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _ladder()]
-    bad = failed(infinity.checks(rungs, t4(cpu), "gpt2-1.5b", True))
+    bad = failed(biggest_model.checks(rungs, t4(cpu), "gpt2-1.5b", True))
     assert "gpt2-1.5b under stage 0 runs out of GPU memory" in bad
 
 
-def _without_libaio(status=bench.NOT_HERE, message="libaio missing: apt-get install -y libaio-dev"):
+def _without_libaio(status=runner.NOT_HERE, message="libaio missing: apt-get install -y libaio-dev"):
     rungs = []
     for r in _ladder():
         if r.method == "ZeRO-3 + NVMe":
@@ -232,18 +236,18 @@ def test_without_libaio_the_headline_is_reported_not_run_and_the_checks_hold(cpu
     """Colab as it is (no libaio): the NVMe rungs say why they did not run, no NVMe claim is made,
     and the checks hold to what ran (stage 0 still runs out of GPU memory at the headline)."""
     for machine in (cpu, t4(cpu)):
-        held = infinity.checks(_without_libaio(), machine, "gpt2-1.5b", nvme_ready=False)
+        held = biggest_model.checks(_without_libaio(), machine, "gpt2-1.5b", nvme_ready=False)
         assert failed(held) == [], failed(held)
         assert not any("trains with ZeRO-3 + NVMe" in c for c, _ in held)
-    bad = failed(infinity.checks(_without_libaio(status=bench.ERROR, message="boom"), cpu, "gpt2-1.5b",
+    bad = failed(biggest_model.checks(_without_libaio(status=runner.ERROR, message="boom"), cpu, "gpt2-1.5b",
                                  nvme_ready=False))
     assert any(c.startswith("libaio is missing, so every ZeRO-3 + NVMe rung is reported") for c in bad)
     no_nvme_rows = [r for r in _ladder() if r.method != "ZeRO-3 + NVMe"]
     assert any(c.startswith("libaio is missing") for c in failed(
-        infinity.checks(no_nvme_rows, cpu, "gpt2-1.5b", nvme_ready=False)))  # nothing to report: fails
+        biggest_model.checks(no_nvme_rows, cpu, "gpt2-1.5b", nvme_ready=False)))  # nothing to report: fails
     fits = [_rung(r.shape, r.method) if r.method.startswith("stage 0") else r for r in _without_libaio()]
     assert "gpt2-1.5b under stage 0 runs out of GPU memory" in failed(
-        infinity.checks(fits, t4(cpu), "gpt2-1.5b", nvme_ready=False))
+        biggest_model.checks(fits, t4(cpu), "gpt2-1.5b", nvme_ready=False))
 
 
 STEP_CLAIM = "the optimizer step adds at most"
@@ -259,15 +263,15 @@ def test_an_optimizer_step_that_swells_host_ram_fails(cpu, phases, why):
     top = rungs[-1]
     top.n_params = int(1.56e9)
     top.result.rss_phases = phases
-    bad = failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    bad = failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
     assert any(c.startswith(STEP_CLAIM) for c in bad), why
     top.result.rss_phases = _phases(step=2**30 + int(0.3 * 1.56e9))  # what the other consumers add
-    assert failed(infinity.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == []
+    assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == []
 
 
 def test_a_start_far_from_ln_vocab_fails(cpu):
     rungs = _ladder(losses=(120.0, 90.0, 60.0, 40.0, 30.0, 20.0))
-    assert any(c.startswith("NVMe runs start from a normal loss") for c in failed(infinity.checks(rungs, cpu, None, True)))
+    assert any(c.startswith("NVMe runs start from a normal loss") for c in failed(biggest_model.checks(rungs, cpu, None, True)))
 
 
 # ---- notebook 04: training ----------------------------------------------------------------------------
@@ -275,15 +279,15 @@ def test_a_start_far_from_ln_vocab_fails(cpu):
 
 def _train_run(losses):
     records = [{"step": i + 1, "loss": x} for i, x in enumerate(losses)]
-    return train.TrainRun("ok", "", records, None, 1.0, 2)
+    return zero2_training.TrainRun("ok", "", records, None, 1.0, 2)
 
 
 def test_training_checks_fail_on_a_last_step_jump_and_an_unreported_oom(cpu):
-    oom = train.TrainRun(env.OUT_OF_GPU_MEMORY, "out of GPU memory at micro batch 512: " + train.OOM_ADVICE)
-    good = train.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 3.5]), 0.0, (True, True), oom, cpu)
+    oom = zero2_training.TrainRun(env.OUT_OF_GPU_MEMORY, "out of GPU memory at micro batch 512: " + zero2_training.OOM_ADVICE)
+    good = zero2_training.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 3.5]), 0.0, (True, True), oom, cpu)
     assert failed(good) == []
-    bad = failed(train.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 9.5]), 0.0, (True, True),
-                              train.TrainRun("error", "boom"), cpu))
+    bad = failed(zero2_training.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 9.5]), 0.0, (True, True),
+                              zero2_training.TrainRun("error", "boom"), cpu))
     assert any(c.startswith("training: the loss falls") for c in bad)
     assert "out of GPU memory was reported with advice" in bad
 
@@ -293,21 +297,21 @@ def test_training_checks_fail_on_a_last_step_jump_and_an_unreported_oom(cpu):
 
 def test_machine_checks_fail_on_a_wrong_accelerator_a_bad_matmul_and_an_unwritable_folder(cpu, monkeypatch,
                                                                                            tmp_path):
-    monkeypatch.setattr(dist, "dist_roundtrip", lambda: True)
-    assert failed(machine_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(tmp_path)))) == []
+    monkeypatch.setattr(env, "dist_roundtrip", lambda: True)
+    assert failed(gpu_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(tmp_path)))) == []
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
-    monkeypatch.setattr(machine_check, "_accelerator_name", lambda: "cuda")
-    monkeypatch.setattr(machine_check, "precision_error", lambda precision: 0.5)
-    found = machine_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(blocked / "sub")))
+    monkeypatch.setattr(gpu_check, "_accelerator_name", lambda: "cuda")
+    monkeypatch.setattr(gpu_check, "precision_error", lambda precision: 0.5)
+    found = gpu_check.check_invariants(dataclasses.replace(cpu, offload_dir=str(blocked / "sub")))
     bad = failed(found)
     assert len(bad) == 3, bad
-    assert "all checks held: False" in machine_check.summary(cpu, found)
+    assert "all checks held: False" in gpu_check.summary(cpu, found)
 
 
 def test_the_matmul_probe_measures_precision():
-    assert machine_check.precision_error("fp32") <= machine_check.PRECISION_TOL["fp32"]
-    assert machine_check.PRECISION_TOL["fp32"] < machine_check.precision_error("bf16") <= machine_check.PRECISION_TOL["bf16"]
+    assert gpu_check.precision_error("fp32") <= gpu_check.PRECISION_TOL["fp32"]
+    assert gpu_check.PRECISION_TOL["fp32"] < gpu_check.precision_error("bf16") <= gpu_check.PRECISION_TOL["bf16"]
 
 
 # ---- notebook 02: the ops -----------------------------------------------------------------------------

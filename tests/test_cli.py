@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bench, cli, env
+from helpers import cli, env, runner
 from tools import calibrate_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _command(args, tmp_path, module=("-m", "helpers.bench")):
+def _command(args, tmp_path, module=("-m", "helpers", "bench")):
     """Run a real command line with its temporary files under tmp_path/tmp; return (done, kit_bench_ dirs)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir(exist_ok=True)
@@ -39,20 +39,18 @@ def _assert_one_line_refusal(done, prog, *named):
 
 @pytest.fixture
 def no_runs(monkeypatch):
-    """bench.main may parse and check, but never start a run."""
+    """A command line may parse and check, but never start a run."""
 
     def refuse(*args, **kwargs):
         pytest.fail("a run was started for a command line that should have been refused")
 
-    from helpers import matrix
-
-    monkeypatch.setattr(bench, "measure", refuse)
-    monkeypatch.setattr(bench, "run", refuse)
-    monkeypatch.setattr(bench, "_run_once", refuse)
-    monkeypatch.setattr(matrix, "run_matrix", refuse)
+    monkeypatch.setattr(runner, "measure", refuse)
+    monkeypatch.setattr(runner, "run", refuse)
+    monkeypatch.setattr(runner, "_run_once", refuse)
+    monkeypatch.setattr(runner, "run_matrix", refuse)
 
 
-def _refused_in_process(capsys, argv, main=bench.main):
+def _refused_in_process(capsys, argv, main=cli.bench_command):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     out, err = capsys.readouterr()
@@ -106,10 +104,10 @@ def _python(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def test_cheap_refusals_import_neither_torch_nor_deepspeed():
-    code = ("import sys\nfrom helpers import bench\n"
+    code = ("import sys\nfrom helpers import cli\n"
             "for argv in (['--stage', '5'], ['--shape', 'x'], ['--micro-batch', '0'], ['--config', 'missing.json'],\n"
             "             ['--offload-param', 'cpu']):\n"
-            "    try:\n        bench.main(argv)\n    except SystemExit as e:\n        assert e.code == 2, e.code\n"
+            "    try:\n        cli.bench_command(argv)\n    except SystemExit as e:\n        assert e.code == 2, e.code\n"
             "    else:\n        raise AssertionError(argv)\n"
             "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))\n")
     done = _python(code, timeout=120)
@@ -155,20 +153,17 @@ def test_bench_config_errors_on_the_command_line_are_one_line(tmp_path):
 
 def test_world_size_past_the_gpus_is_refused(monkeypatch, capsys, no_runs):
     one_gpu = dataclasses.replace(env.describe(), gpu_name="T4", gpu_count=1)
-    monkeypatch.setattr(bench.kit_env, "describe", lambda *a, **k: one_gpu)
-    from helpers import matrix
+    monkeypatch.setattr(runner.kit_env, "describe", lambda *a, **k: one_gpu)
 
-    for name, main in (("bench", bench.main), ("matrix", matrix.main)):
+    for name, main in (("bench", cli.bench_command), ("matrix", cli.matrix_command)):
         line = _refused_in_process(capsys, ["--world-size", "2"], main=main)
         assert line.startswith(f"{name}: --world-size 2: needs 2 GPUs, this machine has 1: use --world-size 1"), line
 
 
 def test_matrix_refuses_unknown_rows_in_one_line(tmp_path, capsys, no_runs):
-    from helpers import matrix
-
-    line = _refused_in_process(capsys, ["--only", "stage 9"], main=matrix.main)
+    line = _refused_in_process(capsys, ["--only", "stage 9"], main=cli.matrix_command)
     assert line.startswith("matrix: --only 'stage 9': unknown matrix row(s) 'stage 9'; choose from "), line
-    done, started = _command(["--only", "stage 9"], tmp_path, module=("-m", "helpers.matrix"))
+    done, started = _command(["--only", "stage 9"], tmp_path, module=("-m", "helpers", "matrix"))
     _assert_one_line_refusal(done, "matrix", "--only 'stage 9'", "unknown matrix row")
     assert started == []
 
@@ -176,17 +171,17 @@ def test_matrix_refuses_unknown_rows_in_one_line(tmp_path, capsys, no_runs):
 def _fake_measure(seen):
     def measure(spec, log_path=None):
         seen.append(spec)
-        return bench.RunResult(label=bench._label(spec.ds_config), status=bench.OK, steps_done=spec.steps,
+        return runner.RunResult(label=runner._label(spec.ds_config), status=runner.OK, steps_done=spec.steps,
                                losses=[2.0, 1.0][:spec.steps], median_step_s=0.5)
     return measure
 
 
 def test_valid_options_pass_validation_and_reach_the_run(monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(bench, "measure", _fake_measure(seen))
+    monkeypatch.setattr(runner, "measure", _fake_measure(seen))
     argv = ["--shape", "tiny", "--stage", "3", "--offload-param", "cpu", "--offload-optimizer", "cpu", "--steps", "2",
             "--micro-batch", "1", "--seq-len", "8", "--precision", "fp32", "--world-size", "1"]
-    assert bench.main(argv) == 0
+    assert cli.bench_command(argv) == 0
     out, err = capsys.readouterr()
     assert "Measured runs" in out and "stage 3 + opt->cpu + param->cpu" in out and err == ""
     (spec,) = seen
@@ -197,8 +192,8 @@ def test_valid_options_pass_validation_and_reach_the_run(monkeypatch, capsys):
 
 def test_a_preset_config_reaches_the_run_with_its_autos_filled(monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(bench, "measure", _fake_measure(seen))
-    assert bench.main(["--config", "zero2", "--micro-batch", "3", "--precision", "fp32", "--json"]) == 0
+    monkeypatch.setattr(runner, "measure", _fake_measure(seen))
+    assert cli.bench_command(["--config", "zero2", "--micro-batch", "3", "--precision", "fp32", "--json"]) == 0
     out, err = capsys.readouterr()
     assert '"status": "ok"' in out and "Traceback" not in err
     config = seen[0].ds_config
@@ -210,11 +205,11 @@ def test_a_preset_config_reaches_the_run_with_its_autos_filled(monkeypatch, caps
 def test_json_from_a_preset_config_is_clean_json(tmp_path):
     """The real command line, with only the run faked: DeepSpeed's import chatter from the config check
     must not land in front of the JSON."""
-    code = ("import sys\nfrom helpers import bench\n"
+    code = ("import sys\nfrom helpers import cli, runner\n"
             "def fake(spec, log_path=None):\n"
-            "    return bench.RunResult(label='fake', status=bench.OK, n_params=spec.ds_config['train_batch_size'])\n"
-            "bench.measure = fake\n"
-            "sys.exit(bench.main(['--config', 'zero2', '--micro-batch', '3', '--json']))\n")
+            "    return runner.RunResult(label='fake', status=runner.OK, n_params=spec.ds_config['train_batch_size'])\n"
+            "runner.measure = fake\n"
+            "sys.exit(cli.bench_command(['--config', 'zero2', '--micro-batch', '3', '--json']))\n")
     done = _python(code)
     assert done.returncode == 0, done.stderr[-1500:]
     result = json.loads(done.stdout)
@@ -222,29 +217,27 @@ def test_json_from_a_preset_config_is_clean_json(tmp_path):
 
 
 def test_matrix_rows_reach_the_matrix(monkeypatch, capsys):
-    from helpers import matrix
-
     seen = {}
 
     def run_matrix(shape, machine, micro_batch, seq_len, steps, **kw):
         seen.update(shape=shape, micro_batch=micro_batch, seq_len=seq_len, steps=steps, labels=kw["labels"])
         return []
 
-    monkeypatch.setattr(matrix, "run_matrix", run_matrix)
-    monkeypatch.setattr(matrix, "table", lambda rows, machine: "matrix table")
-    monkeypatch.setattr(matrix, "ranks_table", lambda rows: "ranks table")
+    monkeypatch.setattr(runner, "run_matrix", run_matrix)
+    monkeypatch.setattr(runner, "rows_table", lambda rows, machine: "matrix table")
+    monkeypatch.setattr(runner, "ranks_table", lambda rows: "ranks table")
     only = "stage 0, stage 3 + CPU offload"
-    assert matrix.main(["--only", only, "--shape", "mini", "--steps", "1", "--seq-len", "16"]) == 0
+    assert cli.matrix_command(["--only", only, "--shape", "mini", "--steps", "1", "--seq-len", "16"]) == 0
     assert seen == {"shape": "mini", "micro_batch": 2, "seq_len": 16, "steps": 1,
                     "labels": ["stage 0", "stage 3 + CPU offload"]}
     assert capsys.readouterr().out.splitlines() == ["matrix table", "ranks table"]
 
 
 def test_doctor_refuses_unknown_ops_and_options(tmp_path):
-    done, _ = _command(["--load", "no_such_op"], tmp_path, module=("-m", "helpers.doctor"))
+    done, _ = _command(["--load", "no_such_op"], tmp_path, module=("-m", "helpers", "doctor"))
     line = _assert_one_line_refusal(done, "doctor", "--load 'no_such_op'", "cpu_adam")
     assert "no such DeepSpeed op" in line and done.stdout == ""
-    done, _ = _command(["--prebuild", "--verbose"], tmp_path, module=("-m", "helpers.doctor"))
+    done, _ = _command(["--prebuild", "--verbose"], tmp_path, module=("-m", "helpers", "doctor"))
     _assert_one_line_refusal(done, "doctor", "unrecognized arguments: --verbose")
 
 
@@ -288,7 +281,7 @@ def test_one_line_parser_and_types(capsys):
     assert cli._rephrase("argument --x: invalid choice: 'q' (choose from 'a', 'b')") == "--x 'q': choose 'a', 'b'"
     assert cli._rephrase("argument --x: invalid int value: 'q'") == "--x 'q': not a valid int"
     assert cli._rephrase("the following arguments are required: --y") == "the following arguments are required: --y"
-    assert cli.one_line("a\n\n  b  \nc") == "a b c" and cli.show("5") == "5" and cli.show("five") == "'five'"
+    assert cli.one_line("a\n\n  b  \nc") == "a b c" and cli.quoted("5") == "5" and cli.quoted("five") == "'five'"
     assert cli.positive_int("7") == 7 and cli.listed([1, 2, 3], " or ") == "1, 2 or 3"
 
 
@@ -309,3 +302,12 @@ def test_quiet_silences_and_restores_both_file_descriptors(capfd):
     os.write(1, b"shown out\n")
     os.write(2, b"shown err\n")
     assert capfd.readouterr() == ("before\nshown out\n", "shown err\n")
+
+
+def test_python_m_helpers_names_its_commands_in_one_line(capsys):
+    assert cli.main(["nosuch"]) == 2 and cli.main([]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["python -m helpers: unknown command 'nosuch'; choose bench, matrix, doctor or sizing "
+                     "(then --help)",
+                     "python -m helpers: no command; choose bench, matrix, doctor or sizing (then --help)"]
+    assert sorted(cli.COMMANDS) == ["bench", "doctor", "matrix", "sizing"]

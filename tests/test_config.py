@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import bench, config, env, memory
+from helpers import config, env, memory, runner
 from helpers.config import ConfigError
 
 
@@ -102,14 +102,14 @@ def test_every_preset_passes_check_and_starts_an_engine(name):
     assert [p for p in config.check(preset) if p.level == "error"] == []
     filled = config.for_engine(preset, micro_batch=2, precision="fp32")
     if "nvme" in json.dumps(filled):
-        from helpers import libaio
+
 
         # Never skipped: CI installs libaio-dev and fails when it cannot, so the NVMe row runs there.
-        assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+        assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
         info = memory.ModelInfo.for_shape("tiny")
         filled["zero_optimization"]["offload_param"]["buffer_size"] = int(1.05 * info.largest_param_numel)
         filled["zero_optimization"]["sub_group_size"] = 1_000_000
-    result = bench.measure(bench.RunSpec(ds_config=filled, shape="tiny", steps=1, force_cpu=True, label=name))
-    assert result.status == bench.OK, result.message
+    result = runner.measure(runner.RunSpec(ds_config=filled, shape="tiny", steps=1, force_cpu=True, label=name))
+    assert result.status == runner.OK, result.message
     # The NVMe preset really wrote its swap files (ZeRO-3 + NVMe on the CPU: helpers.deepspeed_fixes).
     assert (result.peak_nvme_bytes > 0) == ("nvme" in json.dumps(filled))

@@ -30,7 +30,6 @@ from helpers import config
 REAL = Path(__file__).parent / "real_configs"
 
 
-
 def base(stage: int = 3, **kw) -> dict:
     """A valid engine config (numbers, no "auto"): the ground the bad values are planted in."""
     return config.build(stage=stage, micro_batch=2, trainer=False, precision="fp16", pin_memory=False, **kw)

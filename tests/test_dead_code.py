@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Names read by something vulture cannot see (a framework, JSON readers, a test of the layers).
 USED_ELSEWHERE = [
     "_render_traceback_", "_repr_html_", "_ipython_display_",  # IPython's display protocol
-    "start_bytes", "entries",  # helpers.rss_trace.Phase: read from the run's JSON (asdict), by infinity and tests
+    "start_bytes", "entries",  # helpers.runner.Phase: read from the run's JSON (asdict), by notebook 06's lesson and tests
     "on_step_begin", "on_step_end", "on_log",  # transformers.TrainerCallback hooks
     "pytest_runtest_logreport", "pytest_sessionfinish", "pytest_terminal_summary", "exitstatus",
     "terminalreporter",  # pytest plugin hooks (tools/ci_rules.py)
@@ -23,6 +23,7 @@ USED_ELSEWHERE = [
     "LAYERS",  # helpers/__init__.py: read by tests/test_layers.py
     "write_hub_cache",  # helpers.models: the Hub-name path offline (tests/test_lesson_scripts.py)
     "save_offline_model",  # helpers.models: called in a fresh process (_save_in_a_subprocess)
+    "train_rank", "run_rank",  # entry points a run's ranks start at, named as strings (helpers.runner)
 ]
 
 

@@ -187,9 +187,9 @@ def test_the_library_probe_uses_the_processs_own_stderr(monkeypatch):
     from deepspeed.ops.op_builder.builder import OpBuilder
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
-    from helpers import deepspeed_fixes, libaio
+    from helpers import deepspeed_fixes
 
-    assert libaio.available(), "libaio is missing: apt-get install -y libaio-dev"
+    assert env.libaio_available(), "libaio is missing: apt-get install -y libaio-dev"
     builder = ALL_OPS["async_io"]
     kernel_like = io.StringIO()  # fileno() raises io.UnsupportedOperation, as a kernel stream can
     monkeypatch.setattr(sys, "stderr", kernel_like)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import doctor, libaio
+from helpers import doctor, env
 from helpers.doctor import FIX, NOT_HERE, READY, Facts, OpStatus
 
 COLAB_T4 = Facts(has_gpu=True, capability=(7, 5), torch_cuda="12.4", nvcc="12.5", cuda_home="/usr/local/cuda",
@@ -161,7 +161,7 @@ def test_apply_safe_fixes_sets_only_a_missing_or_broken_arch_list(monkeypatch):
 def test_real_report_and_prebuild_make_cpu_adam_loadable():
     report = {s.name: s for s in doctor.op_report(["cpu_adam", "async_io"])}
     assert report["cpu_adam"].compatible
-    assert report["async_io"].compatible == libaio.available()
+    assert report["async_io"].compatible == env.libaio_available()
     if not report["async_io"].compatible:
         assert "libaio" in report["async_io"].why
     built = doctor.prebuild(["cpu_adam"], progress=False)[0]
@@ -182,8 +182,8 @@ def test_ds_report_text_has_no_colour_codes():
 
 
 def test_install_libaio_without_run_only_prints(monkeypatch):
-    monkeypatch.setattr(libaio, "available", lambda: False)
-    assert libaio.install(run=False) == "Not run. To enable NVMe offload: apt-get install -y libaio-dev"
+    monkeypatch.setattr(env, "libaio_available", lambda: False)
+    assert env.install_libaio(run=False) == "Not run. To enable NVMe offload: apt-get install -y libaio-dev"
 
 
 def test_under_t4_emulation_bf16_is_not_here_but_ops_target_the_real_gpu():

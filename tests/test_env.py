@@ -6,9 +6,10 @@ import socket
 import pytest
 import torch
 
-from helpers import claims, colab, dist, env, machine_check
+from helpers import claims, colab, env
 from helpers.env import GpuFacts
-from helpers.units import GB, GiB
+from helpers.show import GB, GiB
+from helpers.lessons import gpu_check
 
 T4 = GpuFacts(name="Tesla T4", count=1, capability=(7, 5), total_bytes=15_835_660_288, free_bytes=15_600_000_000)
 H200 = GpuFacts(name="NVIDIA H200", count=1, capability=(9, 0), total_bytes=150_754_820_096, free_bytes=150_000_000_000)
@@ -66,7 +67,7 @@ def test_t4_emulation_on_a_big_gpu_caps_memory_and_picks_fp16(fake_gpu):
     rows = {what: (value, note) for what, value, note in machine.rows()}
     assert rows["compute capability"] == ("7.5", "emulated; the real GPU is 9.0")
     assert rows["GPU memory total"] == ("15.0 GiB", "capped at Colab T4's 15 GiB")
-    assert "Colab T4: fp16 (no native bf16)" in machine_check.verdict(machine)[0]
+    assert "Colab T4: fp16 (no native bf16)" in gpu_check.verdict(machine)[0]
 
 
 def test_emulation_from_the_environment_variable(clean_env):
@@ -96,8 +97,8 @@ def test_no_gpu_is_not_an_error(clean_env):
     if machine.has_gpu:
         pytest.skip("this machine has a GPU")
     assert machine.smoke and machine.precision == "fp32" and machine.gpu_count == 0
-    assert machine_check.check_gpu_cap(machine) is None
-    assert "No GPU" in machine_check.verdict(machine)[0]
+    assert gpu_check.check_gpu_cap(machine) is None
+    assert "No GPU" in gpu_check.verdict(machine)[0]
     assert "GPU" in str(machine) and "<table>" in machine._repr_html_()
 
 
@@ -106,31 +107,31 @@ def test_free_port_skips_a_taken_port():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        found = dist.free_port(start=port)
+        found = env.free_port(start=port)
         assert found != port and found > port
     with pytest.raises(env.KitSetupError, match="no free port"):
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
-            dist.free_port(start=taken.getsockname()[1], tries=1)
+            env.free_port(start=taken.getsockname()[1], tries=1)
 
 
 def test_single_process_dist_is_idempotent_and_keeps_a_launchers_values(clean_env):
-    first = dist.setup_single_process_dist()
+    first = env.setup_single_process_dist()
     assert set(first) == set(DIST_KEYS) and first["WORLD_SIZE"] == "1" and first["RANK"] == "0"
-    assert dist.setup_single_process_dist() == first
+    assert env.setup_single_process_dist() == first
     for key in DIST_KEYS:
         clean_env.delenv(key)
     clean_env.setenv("MASTER_PORT", "31234")
-    assert dist.setup_single_process_dist()["MASTER_PORT"] == "31234"
+    assert env.setup_single_process_dist()["MASTER_PORT"] == "31234"
 
 
 def test_dist_roundtrip_starts_and_stops_a_group(clean_env):
     import torch.distributed as torch_dist
 
     before = torch_dist.is_initialized()  # an earlier in-process Trainer may have left its group
-    assert dist.dist_roundtrip() is True
+    assert env.dist_roundtrip() is True
     assert torch_dist.is_initialized() == before  # the round trip leaves the state as it found it
-    assert dist.dist_roundtrip() is True  # a second time, on the same variables
+    assert env.dist_roundtrip() is True  # a second time, on the same variables
 
 
 def test_platform_detection():
@@ -155,11 +156,11 @@ def test_missing_deepspeed_gives_the_exact_install_command(clean_env):
     command = 'pip install "deepspeed>=0.19.5,<0.20"'
     assert colab.install_command("deepspeed") == command
     machine = env.describe()
-    assert any(command in line for line in machine_check.verdict(machine))
+    assert any(command in line for line in gpu_check.verdict(machine))
     assert ("DeepSpeed", "missing", command) in machine.rows()
-    table = str(machine_check.package_table(("torch", "deepspeed")))
+    table = str(gpu_check.package_table(("torch", "deepspeed")))
     assert command in table and "missing" in table
-    checks = machine_check.check_invariants(machine)
+    checks = gpu_check.check_invariants(machine)
     with pytest.raises(AssertionError, match="DeepSpeed imports"):
         claims.assert_all(checks)
 
@@ -180,23 +181,23 @@ def test_nvidia_smi_absent_is_explained(clean_env):
 
 def test_summary_reads_the_same_on_any_machine(clean_env):
     machine = env.describe()
-    text = machine_check.summary(machine, machine_check.check_invariants(machine))
+    text = gpu_check.summary(machine, gpu_check.check_invariants(machine))
     assert text.splitlines()[0] == "all checks held: True"
     assert "the kit's precision computes correctly here: True" in text and "fp32" not in text
     assert machine.gpu_name is None or machine.gpu_name not in text
 
 
 def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
-    clean_env.setattr(dist, "_group_started", lambda: False)  # no group of this process holds the port
+    clean_env.setattr(env, "_group_started", lambda: False)  # no group of this process holds the port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
         clean_env.setenv("MASTER_PORT", str(busy))
-        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("LOCAL_WORLD_SIZE", "1")  # accelerate sets this in a plain process: not a launcher
-        assert dist.setup_single_process_dist()["MASTER_PORT"] != str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] != str(busy)
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun its port is kept
-        assert dist.setup_single_process_dist()["MASTER_PORT"] == str(busy)
+        assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)

@@ -1,17 +1,18 @@
-"""helpers.infinity: the derived NVMe config, the disk refusal, the ladder's bookkeeping."""
+"""helpers.lessons.biggest_model: the derived NVMe config, the disk refusal, the ladder's bookkeeping."""
 
 import dataclasses
 
 import pytest
 
-from helpers import bench, config, env, infinity, memory
+from helpers import config, env, memory, runner
+from helpers.lessons import biggest_model
 
 XL = memory.ModelInfo.for_shape("gpt2-1.5b")
 
 
 def test_nvme_config_fits_the_largest_parameter_and_a_small_ram(tmp_path):
     t4 = __import__("helpers.config", fromlist=["x"]).t4_profile(env.describe())
-    c = infinity.nvme_config(XL, t4, 4, tmp_path)
+    c = config.zero_infinity(XL, t4, 4, tmp_path)
     zero = c["zero_optimization"]
     assert zero["offload_param"]["buffer_size"] >= XL.largest_param_numel
     assert zero["stage3_max_reuse_distance"] == 0 and zero["offload_param"]["pin_memory"] is False
@@ -21,74 +22,74 @@ def test_nvme_config_fits_the_largest_parameter_and_a_small_ram(tmp_path):
 def test_not_enough_disk_is_refused_before_training_with_the_bytes(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "disk_free_bytes", lambda path: 10 * 10**9)
     with pytest.raises(env.KitSetupError, match=r"needs about 35\.4 GB at .* only 10\.0 GB are free"):
-        infinity.check_disk(XL, tmp_path)
-    assert "are free there" in infinity.refusal_message(tmp_path)
+        biggest_model.check_disk(XL, tmp_path)
+    assert "are free there" in biggest_model.refusal_message(tmp_path)
 
 
 def test_disk_bandwidth_is_positive_and_leaves_nothing(tmp_path):
-    write, read = infinity.disk_bandwidth(tmp_path, megabytes=8)
+    write, read = biggest_model.disk_bandwidth(tmp_path, megabytes=8)
     assert write > 0 and read > 0 and list(tmp_path.iterdir()) == []
 
 
 def test_ladder_stops_a_method_after_its_first_failure(monkeypatch, tmp_path):
     def fake(spec):
         oom = spec.shape == "mini" and spec.ds_config["zero_optimization"]["stage"] == 0
-        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+        return runner.RunResult(spec.label, runner.OOM if oom else runner.OK, "OOM" if oom else "", losses=[10.8, 10.0],
                                steps_done=2, median_step_s=1.0)
 
-    monkeypatch.setattr(bench, "measure", fake)
-    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None, progress=False)
+    monkeypatch.setattr(runner, "measure", fake)
+    rungs = biggest_model.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None, progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert status[("mini", "stage 0 (no ZeRO)")] == bench.OOM and status[("gpt2-124m", "stage 0 (no ZeRO)")] == "not tried"
-    assert status[("gpt2-124m", "ZeRO-3 + NVMe")] == bench.OK
-    best = infinity.largest_per_method(rungs)
+    assert status[("mini", "stage 0 (no ZeRO)")] == runner.OOM and status[("gpt2-124m", "stage 0 (no ZeRO)")] == "not tried"
+    assert status[("gpt2-124m", "ZeRO-3 + NVMe")] == runner.OK
+    best = biggest_model.largest_per_method(rungs)
     assert best["stage 0 (no ZeRO)"].shape == "tiny" and best["ZeRO-3 + NVMe"].shape == "gpt2-124m"
-    assert "not tried" in str(infinity.ladder_table(rungs))
+    assert "not tried" in str(biggest_model.ladder_table(rungs))
 
 
 def test_starting_loss_rule():
-    assert infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[11.0]), 50257)
-    assert not infinity.starting_loss_ok(bench.RunResult("x", bench.OK, losses=[120.0]), 50257)
+    assert biggest_model.starting_loss_ok(runner.RunResult("x", runner.OK, losses=[11.0]), 50257)
+    assert not biggest_model.starting_loss_ok(runner.RunResult("x", runner.OK, losses=[120.0]), 50257)
 
 
 def _fake_measure(oom_shapes_stage0=("mini",), wall_s=10.0):
     def fake(spec):
         oom = spec.shape in oom_shapes_stage0 and spec.ds_config["zero_optimization"]["stage"] == 0
-        return bench.RunResult(spec.label, bench.OOM if oom else bench.OK, "OOM" if oom else "", losses=[10.8, 10.0],
+        return runner.RunResult(spec.label, runner.OOM if oom else runner.OK, "OOM" if oom else "", losses=[10.8, 10.0],
                                steps_done=2, median_step_s=1.0, wall_s=wall_s,
                                peak_gpu_allocated_bytes=2**30)
     return fake
 
 
 def test_ladder_tries_stage_0_at_the_headline_size_after_a_smaller_failure(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure(("mini", "gpt2-124m")))
-    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+    monkeypatch.setattr(runner, "measure", _fake_measure(("mini", "gpt2-124m")))
+    rungs = biggest_model.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 headline="gpt2-124m", progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == bench.OOM
+    assert status[("gpt2-124m", "stage 0 (no ZeRO)")] == runner.OOM
     gpu = dataclasses.replace(env.describe(), gpu_name="T4", gpu_count=1, capability=(7, 5), precision="fp16")
-    claims = dict(infinity.checks(rungs, gpu, "gpt2-124m", nvme_ready=True))
+    claims = dict(biggest_model.checks(rungs, gpu, "gpt2-124m", nvme_ready=True))
     assert claims["gpt2-124m under stage 0 runs out of GPU memory"]
 
 
 def test_ladder_stops_a_method_whose_next_rung_would_pass_the_time_budget(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
-    rungs = infinity.run_ladder(["tiny", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+    monkeypatch.setattr(runner, "measure", _fake_measure((), wall_s=50.0))
+    rungs = biggest_model.run_ladder(["tiny", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 budget_minutes=5, progress=False)
     big = [r for r in rungs if r.shape == "gpt2-124m"]
     assert [r.result.status for r in big] == ["not tried"] * 3
     assert all("past the ladder's budget of 5 min" in r.result.message for r in big)
-    table = str(infinity.largest_table(rungs))
+    table = str(biggest_model.largest_table(rungs))
     assert "tiny" in table and "gpt2-124m" not in table
 
 
 def test_the_budget_stops_only_the_climb_past_the_headline(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "measure", _fake_measure((), wall_s=50.0))
-    rungs = infinity.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
+    monkeypatch.setattr(runner, "measure", _fake_measure((), wall_s=50.0))
+    rungs = biggest_model.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 headline="mini", budget_minutes=0, progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert all(status[("mini", m)] == bench.OK for m, _ in infinity.METHODS)
-    assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in infinity.METHODS)
+    assert all(status[("mini", m)] == runner.OK for m, _ in biggest_model.METHODS)
+    assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in biggest_model.METHODS)
 
 
 def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run(monkeypatch, tmp_path):
@@ -96,10 +97,10 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
 
     def fake(spec, log_path=None):
         seen[spec.label] = spec.ds_config["scheduler"]["params"]
-        return bench.RunResult(spec.label, bench.OK, losses=[10.8, 10.0, 9.5], steps_done=3, median_step_s=1.0)
+        return runner.RunResult(spec.label, runner.OK, losses=[10.8, 10.0, 9.5], steps_done=3, median_step_s=1.0)
 
-    monkeypatch.setattr(bench, "measure", fake)
-    infinity.run_ladder(["tiny", "gpt2-355m"], env.describe(), 2, 64, 3, tmp_path, True, None, progress=False)
+    monkeypatch.setattr(runner, "measure", fake)
+    biggest_model.run_ladder(["tiny", "gpt2-355m"], env.describe(), 2, 64, 3, tmp_path, True, None, progress=False)
     tiny, medium = seen["tiny ZeRO-3 + NVMe"], seen["gpt2-355m ZeRO-3 + NVMe"]
     assert tiny["warmup_max_lr"] == 1e-3 and medium["warmup_max_lr"] == pytest.approx(3e-4 * (768 / 1024) ** 2)
     assert tiny["warmup_num_steps"] == 3 and seen["tiny stage 0 (no ZeRO)"]["warmup_max_lr"] == 1e-3
@@ -109,16 +110,16 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
 
 def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
-              for i, (n, _) in enumerate(infinity.RSS_PHASES)]
-    ran = bench.RunResult("x", bench.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
-    rungs = [infinity.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000),
-             infinity.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
-             infinity.Rung("gpt2-355m", "ZeRO-3 + NVMe", bench.RunResult("y", bench.KILLED_RAM, "RAM"), 1)]
-    bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape("gpt2-124m"), 1000.0, 2000.0)
-    table = infinity.nvme_table(rungs, 1000.0, 2000.0)
+              for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]
+    ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
+    rungs = [biggest_model.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000),
+             biggest_model.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
+             biggest_model.Rung("gpt2-355m", "ZeRO-3 + NVMe", runner.RunResult("y", runner.KILLED_RAM, "RAM"), 1)]
+    bound = biggest_model.predicted_nvme_step_s(memory.ModelInfo.for_shape("gpt2-124m"), 1000.0, 2000.0)
+    table = biggest_model.nvme_table(rungs, 1000.0, 2000.0)
     assert len(table.rows) == 1  # NVMe rungs that ran only
     row = dict(zip(table.header, table.rows[0]))
     assert row["vs bound"] == f"{10.0 / bound:.1f}x"
-    assert [row[f"RSS {label}"] for _, label in infinity.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
-    lines = infinity.takeaways(rungs, env.describe())
+    assert [row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
+    lines = biggest_model.takeaways(rungs, env.describe())
     assert any("optimizer step +1.00 GiB over forward and backward (8.66 bytes/param)" in l for l in lines)

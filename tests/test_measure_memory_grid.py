@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers import config, measurements, verdict
+from helpers import config, measurements, memory
 from helpers import env as kit_env
 from tools import measure_memory_grid as grid_tool
 
@@ -15,7 +15,7 @@ def test_the_grid_covers_the_issue_and_half_of_it_is_held_out():
     planned = grid_tool.plan(t4, smoke=False, steps=3, nvme=True)
     cases = [p[0] for p in planned]
     assert len(cases) >= 45 and sum(p[1] == "validation" for p in planned) >= 20
-    assert {c.row for c in cases} == {label for label, _ in grid_tool.matrix.CONFIGS}
+    assert {c.row for c in cases} == {label for label, _ in grid_tool.config.STAGE_ROWS}
     assert {c.grad_ckpt for c in cases} == {True, False}
     assert min(c.micro_batch for c in cases) == 1 and max(c.micro_batch for c in cases) == 16
     assert min(c.seq_len for c in cases) == 256 and max(c.seq_len for c in cases) == 2048
@@ -24,7 +24,7 @@ def test_the_grid_covers_the_issue_and_half_of_it_is_held_out():
     )
     words = [grid_tool._verdicts(p[3], t4)["gpu"] for p in planned]
     assert (
-        words.count(verdict.NO_FIT) >= 5 and words.count(verdict.TIGHT) >= 2
+        words.count(memory.NO_FIT) >= 5 and words.count(memory.TIGHT) >= 2
     )  # cases at and past the cap
     assert len({c.id for c in cases}) == len(cases)
     assert sum(p[4] for p in planned) / 60 / 4 < 8  # minutes of wall time with 4 side by side
@@ -37,8 +37,8 @@ def test_a_smoke_case_runs_and_its_row_loads_as_a_measurement(tmp_path, capsys):
     assert row["status"] == "ok" and row["split"] == "fit" and row["steps_done"] == 2
     assert row["machine"].startswith("measured on") and row["predicted_cpu_bytes"] > 0
     assert row["peak_host_rss_bytes"] > 0 and row["verdicts"]["cpu"] in (
-        verdict.FITS,
-        verdict.TIGHT,
+        memory.FITS,
+        memory.TIGHT,
     )
     (loaded,) = measurements.load(out)
     assert measurements.predict(loaded).estimate.total("cpu") > 0
@@ -85,7 +85,7 @@ def test_merge_adds_grid_rows_and_refuses_a_file_that_is_not_rows(tmp_path, caps
     lines.write_text(
         "".join(json.dumps(r) + "\n" for r in (tried, row, {**row, "id": "a"}, never))
     )
-    assert measurements.merge(measurements.load(lines), store) == 2
+    assert grid_tool.merge(measurements.load(lines), store) == 2
     merged = json.loads(store.read_text())["rows"]
     assert [(r["id"], r["status"]) for r in merged] == [("b", "ok"), ("a", "ok")]
     (tmp_path / "bad.jsonl").write_text(json.dumps({"id": "c"}) + "\n")

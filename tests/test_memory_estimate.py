@@ -3,7 +3,7 @@ fit."""
 
 import pytest
 
-from helpers import config, memory, verdict
+from helpers import config, memory
 
 P = 1_000_000_000
 
@@ -88,7 +88,7 @@ def test_fits_and_model_info_from_count():
     est = memory.estimate(
         info, config.build(stage=0, trainer=False, precision="fp16", pin_memory=False)
     )
-    assert verdict.verdict(est.total("gpu"), 15 * 2**30) == verdict.NO_FIT
+    assert memory.verdict(est.total("gpu"), 15 * 2**30) == memory.NO_FIT
     assert 6e9 < info.n_params < 8e9 and info.hidden % 64 == 0
 
 
@@ -119,3 +119,14 @@ def test_gpu_prediction_claim_holds_within_tolerance_and_not_without_a_measureme
     )
     claim, held = memory.gpu_prediction_claim("stage 2", 7 * 2**30, None)
     assert not held and "not measured" in claim
+
+
+def test_the_estimate_reads_the_batch_from_the_config_and_refuses_other_numbers():
+    info = memory.ModelInfo.for_shape("gpt2-124m")
+    ds = config.build(stage=2, trainer=False, precision="fp16", micro_batch=2, world_size=2)
+    assert memory.estimate(info, ds).total("gpu") == memory.estimate(info, ds, 2, 2).total("gpu")
+    assert memory.estimate(info, ds).total("gpu") != memory.estimate(info, ds, 2, 2, seq_len=64).total("gpu")
+    with pytest.raises(ValueError, match="micro_batch 4 but the config's train_micro_batch_size_per_gpu is 2"):
+        memory.estimate(info, ds, micro_batch=4)
+    with pytest.raises(ValueError, match="world_size 1 but"):
+        memory.estimate(info, ds, world_size=1)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bench, claims, measurements, memory, verdict
-from helpers.units import GiB
+from helpers import claims, measurements, memory, runner
+from helpers.show import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = measurements.load()
@@ -91,7 +91,7 @@ def test_no_out_of_memory_row_is_fits_in_either_half():
     for r in ROWS:
         if r["status"] in measurements.OUT_OF_MEMORY:
             p = measurements.predict(r)
-            assert p.words[measurements.OUT_OF_MEMORY[r["status"]]] != verdict.FITS, r["id"]
+            assert p.words[measurements.OUT_OF_MEMORY[r["status"]]] != memory.FITS, r["id"]
 
 
 def _row(**change):
@@ -119,21 +119,21 @@ def test_the_checks_catch_a_wrong_gpu_figure_a_wrong_host_figure_and_a_fits_that
 
 def test_verdict_boundaries():
     limit = 100
-    assert verdict.verdict(90, limit) == verdict.FITS
+    assert memory.verdict(90, limit) == memory.FITS
     assert (
-        verdict.verdict(91, limit) == verdict.TIGHT and verdict.verdict(100, limit) == verdict.TIGHT
+        memory.verdict(91, limit) == memory.TIGHT and memory.verdict(100, limit) == memory.TIGHT
     )
-    assert verdict.verdict(101, limit) == verdict.NO_FIT
-    assert verdict.verdict(0, None) == verdict.FITS and verdict.verdict(1, None) == verdict.NO_FIT
-    assert verdict.worst([verdict.FITS, verdict.TIGHT]) == verdict.TIGHT
-    assert verdict.worst([verdict.TIGHT, verdict.NO_FIT, verdict.FITS]) == verdict.NO_FIT
+    assert memory.verdict(101, limit) == memory.NO_FIT
+    assert memory.verdict(0, None) == memory.FITS and memory.verdict(1, None) == memory.NO_FIT
+    assert memory.worst_verdict([memory.FITS, memory.TIGHT]) == memory.TIGHT
+    assert memory.worst_verdict([memory.TIGHT, memory.NO_FIT, memory.FITS]) == memory.NO_FIT
     for bad in ((-1, 100, 0.1), (1, 100, 1.0), (1, 100, -0.1)):
         with pytest.raises(ValueError):
-            verdict.verdict(*bad)
-    tight = verdict.places(
+            memory.verdict(*bad)
+    tight = memory.verdicts(
         {"gpu": 14 * GiB, "cpu": GiB}, {"gpu": 15 * GiB, "cpu": 12 * GiB, "nvme": None}
     )
-    assert tight["gpu"].word == verdict.TIGHT and "within 10%" in tight["gpu"].sentence()
+    assert tight["gpu"].word == memory.TIGHT and "within 10%" in tight["gpu"].sentence()
     assert "nvme" not in tight  # nothing on the disk: no disk verdict
 
 
@@ -141,7 +141,7 @@ def test_the_774m_stage_3_run_that_ran_out_is_tight_not_fits():
     # issue 16: predicted 14.48 GiB and "fits", then out of memory at the 15 GiB cap
     row = next(r for r in ROWS if r["id"] == "i16-774m-s3-8x512")
     p = measurements.predict(row)
-    assert p.words["gpu"] == verdict.TIGHT and p.estimate.total("gpu") > 13.2 * GiB
+    assert p.words["gpu"] == memory.TIGHT and p.estimate.total("gpu") > 13.2 * GiB
 
 
 def test_layer_activations_follow_the_architecture():
@@ -174,15 +174,16 @@ def test_long_sequences_pay_for_fp32_logits_and_the_peak_says_when():
     est = memory.estimate(info, c, micro_batch=8, seq_len=1024, grad_ckpt=False)
     assert est.phase["gpu"] == "start of backward"
     assert est.parts["gpu"]["activations"] > 8 * 1024 * info.vocab * memory.LOGIT_BYTES
-    step = memory.estimate(memory.ModelInfo.for_shape("gpt2-355m"), c, micro_batch=4, seq_len=512)
+    c4 = config.build(stage=0, micro_batch=4, trainer=False, precision="fp16", pin_memory=False)
+    step = memory.estimate(memory.ModelInfo.for_shape("gpt2-355m"), c4, micro_batch=4, seq_len=512)
     assert step.phase["gpu"] == "optimizer step" and "step temporaries" in step.parts["gpu"]
 
 
 def test_cpu_offload_limits_of_notebook_01_use_the_margin():
-    from helpers import machine_check
+    from helpers.lessons import gpu_check
 
     budget = int(12.7e9)
-    fits, tight = machine_check.cpu_offload_limits(budget)
+    fits, tight = gpu_check.cpu_offload_limits(budget)
     assert 0 < fits < tight
     assert (
         memory.cpu_offload_host_bytes(fits)
@@ -195,7 +196,7 @@ def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
     import dataclasses
 
     from helpers import env as kit_env
-    from helpers.widgets import ConfigForm
+    from helpers.lessons.config_builder import ConfigForm
 
     cpu = dataclasses.replace(kit_env.describe(), vram_total_bytes=None)
     form = ConfigForm(cpu, shape="gpt2-774m", micro_batch=8, seq_len=512, folder=tmp_path)
@@ -205,7 +206,7 @@ def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
     assert "#ef6c00" in gpu_bar and "tight (within 10% of the limit)" in gpu_bar, gpu_bar
     form.set(stage=0)
     gpu_bar = form.bars.value.split("GPU</span>", 1)[1].split("</div>", 1)[0]
-    assert "#c62828" in gpu_bar and gpu_bar.endswith(verdict.NO_FIT)
+    assert "#c62828" in gpu_bar and gpu_bar.endswith(memory.NO_FIT)
     assert "GPU peak: optimizer step" in form.bars.value
 
 
@@ -223,7 +224,7 @@ def _first_runs() -> dict[str, dict]:
     """The recorded first-step runs, by id (the first measured row of each id in the record)."""
     first: dict[str, dict] = {}
     for r in measurements.load(GRID_RECORD):
-        if r["status"] != bench.NOT_TRIED:
+        if r["status"] != runner.NOT_TRIED:
             first.setdefault(r["id"], r)
     return {i: first[i] for i in FIRST_STEP + [PEAK_IN_STEP]}
 
@@ -289,18 +290,18 @@ def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build
         assert r["zero_init"] and claims.within(sum(host.values()), r["peak_host_rss_bytes"], rtol)
         assert "zero.Init build" in host and "model build" not in host
     top = by_id[LADDER[-1]]
-    assert measurements.predict(top).words["cpu"] != verdict.NO_FIT  # it ran: 11.24 GiB
+    assert measurements.predict(top).words["cpu"] != memory.NO_FIT  # it ran: 11.24 GiB
     whole = measurements.predict({**top, "overflow_check": measurements.WHOLE_OVERFLOW_CHECK})
     assert whole.estimate.total("cpu") > 1.2 * top["peak_host_rss_bytes"]
-    assert whole.words["cpu"] == verdict.NO_FIT
-    # each row's overrides make its config the ladder's own (infinity.nvme_config) where they differ
-    from helpers import config, infinity
+    assert whole.words["cpu"] == memory.NO_FIT
+    # each row's overrides make its config the ladder's own (config.zero_infinity) where they differ
+    from helpers import config
     from helpers import env as kit_env
 
     for row_id in LADDER:
         r, info = by_id[row_id], memory.ModelInfo.for_shape(by_id[row_id]["shape"])
         t4 = config.t4_profile(kit_env.describe())
-        ladder = infinity.nvme_config(info, t4, 4, "/tmp/x")["zero_optimization"]
+        ladder = config.zero_infinity(info, t4, 4, "/tmp/x")["zero_optimization"]
         used = measurements.row_config(r, info)["zero_optimization"]
         for key in ("sub_group_size", "reduce_bucket_size"):
             assert used[key] == ladder[key], (row_id, key)
@@ -334,12 +335,12 @@ def test_the_table_verdict_names_the_place_that_binds_not_only_the_gpu():
     # table showing only the GPU's word read "killed for host RAM ... fits"
     killed = next(r for r in ROWS if r["status"] == "killed for host RAM")
     p = measurements.predict(killed)
-    assert p.words["gpu"] == verdict.FITS and p.words["cpu"] == verdict.NO_FIT
+    assert p.words["gpu"] == memory.FITS and p.words["cpu"] == memory.NO_FIT
     row = measurements.table([p]).rows[0]
     assert "does not fit (host RAM)" in row, row
-    assert measurements.overall_verdict({"gpu": verdict.FITS, "cpu": verdict.FITS}) == verdict.FITS
-    assert measurements.overall_verdict({"gpu": verdict.TIGHT, "cpu": verdict.FITS}) == "tight (GPU)"
+    assert measurements.overall_verdict({"gpu": memory.FITS, "cpu": memory.FITS}) == memory.FITS
+    assert measurements.overall_verdict({"gpu": memory.TIGHT, "cpu": memory.FITS}) == "tight (GPU)"
     # a T4 emulation has no disk limit: an NVMe row that ran within GPU and RAM reads "fits"
     xl = next(r for r in ROWS if r["shape"] == "gpt2-1.5b" and "NVMe" in r["row"] and r["status"] == "ok")
     table = measurements.table([measurements.predict(xl)])
-    assert table.rows[0][table.header.index("T4 verdict (GPU, host RAM)")] == verdict.FITS
+    assert table.rows[0][table.header.index("T4 verdict (GPU, host RAM)")] == memory.FITS

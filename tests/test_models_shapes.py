@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import bench, claims, config, memory, models
+from helpers import claims, cli, config, memory, models, runner
 
 LLAMA_STYLE = list(models.LLAMA_SHAPES)
 
@@ -190,21 +190,21 @@ def test_bench_command_line_accepts_every_registry_shape(monkeypatch, capsys):
 
     def measure(spec, log_path=None):
         seen.append(spec)
-        return bench.RunResult(label="fake", status=bench.OK, steps_done=1, losses=[1.0])
+        return runner.RunResult(label="fake", status=runner.OK, steps_done=1, losses=[1.0])
 
-    monkeypatch.setattr(bench, "measure", measure)
-    assert bench.main(["--shape", "smollm2-135m-shaped", "--steps", "1", "--precision", "fp32"]) == 0
+    monkeypatch.setattr(runner, "measure", measure)
+    assert cli.bench_command(["--shape", "smollm2-135m-shaped", "--steps", "1", "--precision", "fp32"]) == 0
     assert seen[0].shape == "smollm2-135m-shaped" and seen[0].vocab_size is None
     with pytest.raises(SystemExit):
-        bench.main(["--shape", "llama-9000"])
+        cli.bench_command(["--shape", "llama-9000"])
     err = capsys.readouterr().err
     assert "--shape 'llama-9000'" in err and "qwen2.5-0.5b-shaped" in err and "tiny, mini, gpt2-124m" in err
 
 
 def test_bench_trains_llama_tiny_at_stage_3_on_the_cpu():
     ds = config.build(stage=3, trainer=False, precision="fp32", pin_memory=False, micro_batch=2)
-    result = bench.measure(bench.RunSpec(ds_config=ds, shape="llama-tiny", steps=3, force_cpu=True))
-    assert result.status == bench.OK, result.message
+    result = runner.measure(runner.RunSpec(ds_config=ds, shape="llama-tiny", steps=3, force_cpu=True))
+    assert result.status == runner.OK, result.message
     assert result.n_params == memory.ModelInfo.for_shape("llama-tiny").n_params
     assert abs(result.losses[0] - math.log(1024)) < 0.3, result.losses
     assert claims.loss_falls(result.losses), result.losses

@@ -26,7 +26,7 @@ def _stdout(path: Path) -> str:
 def test_notebook_06_passes_without_libaio_and_says_what_it_left_out(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setenv("KIT_OFFLOAD_DIR", str(tmp_path / "offload"))
-    probe = subprocess.run([sys.executable, "-c", "from helpers import libaio; print(libaio.available())"],
+    probe = subprocess.run([sys.executable, "-c", "from helpers import env; print(env.libaio_available())"],
                            capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert probe.stdout.strip().endswith("False"), probe.stdout + probe.stderr  # libaio is hidden
     ok, _, error = run_tutorial.run_one(NOTEBOOK, tmp_path / "out", timeout=1200, check=True)

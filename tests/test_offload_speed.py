@@ -1,11 +1,12 @@
-"""helpers.offload_speed: the variants' configs are what DeepSpeed accepts, and the checks fail on a
+"""helpers.lessons.stages_and_offload, faster offload: the variants' configs are what DeepSpeed accepts, and the checks fail on a
 comparison that did not happen (no baseline, no variant, a silent failure, a different start)."""
 
 import pytest
 
-from helpers import bench, claims, config, env, memory, offload_speed
+from helpers import claims, config, env, memory, runner
+from helpers.lessons import stages_and_offload
 
-NAMES = [name for name, _, _ in offload_speed.VARIANTS]
+NAMES = [name for name, _, _ in stages_and_offload.VARIANTS]
 
 
 @pytest.fixture(scope="module")
@@ -15,19 +16,19 @@ def cpu():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_variant_config_is_valid_and_carries_its_feature(cpu, name):
-    ds = offload_speed.variant_config(name, memory.ModelInfo.for_shape("gpt2-355m"), cpu, 4, 6)
+    ds = stages_and_offload.variant_config(name, memory.ModelInfo.for_shape("gpt2-355m"), cpu, 4, 6)
     assert [p for p in config.check(ds) if p.level == "error"] == []
     zero = ds["zero_optimization"]
     assert zero["offload_optimizer"]["device"] == "cpu"
     assert ("zenflow" in zero) == ("ZenFlow" in name)
-    assert zero["offload_optimizer"].get("ratio", 1.0) == (offload_speed.PARTIAL_RATIO if "partial" in name else 1.0)
+    assert zero["offload_optimizer"].get("ratio", 1.0) == (stages_and_offload.PARTIAL_RATIO if "partial" in name else 1.0)
     assert ds["optimizer"]["params"]["lr"] == config.learning_rate_for(memory.ModelInfo.for_shape("gpt2-355m").n_params)
 
 
-def _v(shape, name, status=bench.OK, step=1.0, losses=(10.8, 10.0, 9.0), message=""):
-    r = bench.RunResult(name, status, message, losses=list(losses) if status == bench.OK else [],
-                        median_step_s=step if status == bench.OK else None, peak_host_rss_bytes=2**30)
-    return offload_speed.Variant(shape, name, r, 1)
+def _v(shape, name, status=runner.OK, step=1.0, losses=(10.8, 10.0, 9.0), message=""):
+    r = runner.RunResult(name, status, message, losses=list(losses) if status == runner.OK else [],
+                        median_step_s=step if status == runner.OK else None, peak_host_rss_bytes=2**30)
+    return stages_and_offload.Variant(shape, name, r, 1)
 
 
 def _good():
@@ -40,36 +41,36 @@ def failed(found):
 
 def test_a_good_comparison_passes_and_names_the_winner_per_size(cpu):
     variants = _good()
-    assert failed(offload_speed.checks(variants, cpu)) == []
-    assert {s: v.name for s, v in offload_speed.winners(variants).items()} == {"tiny": NAMES[-1], "mini": NAMES[-1]}
-    lines = offload_speed.takeaways(variants, cpu)
+    assert failed(stages_and_offload.offload_checks(variants, cpu)) == []
+    assert {s: v.name for s, v in stages_and_offload.winners(variants).items()} == {"tiny": NAMES[-1], "mini": NAMES[-1]}
+    lines = stages_and_offload.offload_takeaways(variants, cpu)
     assert lines[0] == f"tiny: fastest was {NAMES[-1]} at 0.80 s/step (1.25x plain CPU offload), 1.0 GiB host RSS."
-    assert "1.25x" in str(offload_speed.table(variants, cpu))
+    assert "1.25x" in str(stages_and_offload.offload_table(variants, cpu))
 
 
 def test_a_variant_that_fails_with_its_error_is_a_row_not_a_failure(cpu):
     variants = _good()
-    variants[1] = _v("tiny", NAMES[1], bench.ERROR, message="RuntimeError: partial offload needs bf16")
-    assert failed(offload_speed.checks(variants, cpu)) == []
-    assert any("partial offload needs bf16" in line for line in offload_speed.takeaways(variants, cpu))
+    variants[1] = _v("tiny", NAMES[1], runner.ERROR, message="RuntimeError: partial offload needs bf16")
+    assert failed(stages_and_offload.offload_checks(variants, cpu)) == []
+    assert any("partial offload needs bf16" in line for line in stages_and_offload.offload_takeaways(variants, cpu))
 
 
 @pytest.mark.parametrize("break_it, claim", [
-    (lambda vs: vs.__setitem__(0, _v("tiny", NAMES[0], bench.OOM, message="oom")), "plain CPU offload ran at every size"),
-    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], bench.ERROR)), "every variant ran, or its row shows"),
-    (lambda vs: [vs.__setitem__(i, _v(v.shape, v.name, bench.OOM, message="oom")) for i, v in enumerate(vs)
-                 if v.name != offload_speed.PLAIN], "at least one faster-offload variant ran"),
+    (lambda vs: vs.__setitem__(0, _v("tiny", NAMES[0], runner.OOM, message="oom")), "plain CPU offload ran at every size"),
+    (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], runner.ERROR)), "every variant ran, or its row shows"),
+    (lambda vs: [vs.__setitem__(i, _v(v.shape, v.name, runner.OOM, message="oom")) for i, v in enumerate(vs)
+                 if v.name != stages_and_offload.PLAIN], "at least one faster-offload variant ran"),
     (lambda vs: vs.__setitem__(2, _v("tiny", NAMES[2], losses=(12.0, 10.0, 9.0))), f"tiny {NAMES[2]}: losses match"),
     (lambda vs: vs.__setitem__(1, _v("tiny", NAMES[1], losses=(10.8, float("nan")))), f"tiny {NAMES[1]}: losses match"),
 ])
 def test_a_bad_comparison_fails(cpu, break_it, claim):
     variants = _good()
     break_it(variants)
-    assert any(c.startswith(claim) for c in failed(offload_speed.checks(variants, cpu)))
+    assert any(c.startswith(claim) for c in failed(stages_and_offload.offload_checks(variants, cpu)))
 
 
 def test_no_runs_at_all_fail(cpu):
-    assert failed(offload_speed.checks([], cpu))
+    assert failed(stages_and_offload.offload_checks([], cpu))
 
 
 def test_a_variant_whose_losses_part_from_plain_fails_and_says_why(cpu):
@@ -80,6 +81,6 @@ def test_a_variant_whose_losses_part_from_plain_fails_and_says_why(cpu):
     skipped = _v("mini", NAMES[1], losses=(10.8, 10.8, 10.8))
     skipped.result.skipped_steps = 2
     variants[4] = skipped
-    bad = failed(offload_speed.checks(variants, cpu))
+    bad = failed(stages_and_offload.offload_checks(variants, cpu))
     assert [b.split(":")[0] for b in bad] == [f"tiny {NAMES[2]}", f"mini {NAMES[1]}"]
     assert "skipped 2 step(s) for fp16 overflow" in bad[1] and "skipped" not in bad[0]

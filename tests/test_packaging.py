@@ -31,7 +31,7 @@ def requirement_lines(path: Path) -> dict[str, str]:
 
 def third_party_imports() -> set[str]:
     found = set()
-    for path in Path(helpers.__file__).parent.glob("*.py"):
+    for path in Path(helpers.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
@@ -61,7 +61,7 @@ def test_the_colab_extra_pins_what_requirements_colab_pins_and_keeps_colabs_own(
 def test_pip_install_gives_a_kit_that_runs_outside_the_repository(tmp_path):
     """`pip install .` (here into a target folder, the dependencies already installed) then, from
     another folder: every helper module imports, the presets load, install hints keep their ranges,
-    and `python -m helpers.doctor --help` answers."""
+    and `python -m helpers doctor --help` answers."""
     target = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                            "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=600)
@@ -80,6 +80,6 @@ def test_pip_install_gives_a_kit_that_runs_outside_the_repository(tmp_path):
     assert "zero2" in presets and "zero3_nvme" in presets
     ranges = command.removeprefix('pip install "deepspeed').rstrip('"').split(",")
     assert command.startswith('pip install "deepspeed') and {">=0.19.5", "<0.20"} <= set(ranges)
-    doctor = subprocess.run([sys.executable, "-m", "helpers.doctor", "--help"], capture_output=True, text=True,
+    doctor = subprocess.run([sys.executable, "-m", "helpers", "doctor", "--help"], capture_output=True, text=True,
                             cwd=tmp_path, env=child, timeout=300)
     assert doctor.returncode == 0 and "ds_report" in doctor.stdout

@@ -1,4 +1,4 @@
-"""Notebook 08's checks (helpers.parallel) fed good runs and bad ones: each claim holds on a good
+"""Notebook 08's checks (helpers.lessons.beyond_data_parallelism) fed good runs and bad ones: each claim holds on a good
 run and fails on the bad run it is there to catch (memory not split, losses disagreeing, no
 per-rank data, DeepSpeed accepting a combination it refuses today). Runs are built by hand here;
 the notebook's nbval run exercises the subprocesses themselves."""
@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import bench, claims, parallel
+from helpers import claims, runner
 from helpers import env as kit_env
+from helpers.lessons import beyond_data_parallelism
 
 GiB = 2**30
 
@@ -33,10 +34,10 @@ def machine(gpus: int) -> kit_env.Environment:
 LOSSES = [5.6, 5.5, 5.2, 4.9, 4.6, 4.4]
 
 
-def run(label: str, ranks: list[dict], losses=LOSSES, status=bench.OK,
-        message="") -> bench.RunResult:
+def run(label: str, ranks: list[dict], losses=LOSSES, status=runner.OK,
+        message="") -> runner.RunResult:
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes")]
-    return bench.RunResult(label, status, message, world_size=max(1, len(ranks)),
+    return runner.RunResult(label, status, message, world_size=max(1, len(ranks)),
                            n_params=ranks[0].get("n_params", 0) if ranks else 0,
                            losses=list(losses),
                            steps_done=len(losses), median_step_s=0.1, tokens_per_s=1000.0,
@@ -44,19 +45,19 @@ def run(label: str, ranks: list[dict], losses=LOSSES, status=bench.OK,
 
 
 def rank(i: int, **fields) -> dict:
-    return {"rank": i, "status": bench.OK, "losses": LOSSES, "step_times_s": [1.0] * 4, **fields}
+    return {"rank": i, "status": runner.OK, "losses": LOSSES, "step_times_s": [1.0] * 4, **fields}
 
 
 def pipeline_good(gpu: bool = False) -> dict:
     peak = (lambda b: {"peak_gpu_allocated_bytes": b}) if gpu else (lambda b: {})
     return {
-        parallel.BASE: run(parallel.BASE, [rank(0, n_params=1000, **peak(4 * GiB))]),
-        parallel.DP: run(parallel.DP, [rank(0, n_params=1000, **peak(3 * GiB)),
+        beyond_data_parallelism.BASE: run(beyond_data_parallelism.BASE, [rank(0, n_params=1000, **peak(4 * GiB))]),
+        beyond_data_parallelism.DP: run(beyond_data_parallelism.DP, [rank(0, n_params=1000, **peak(3 * GiB)),
                                        rank(1, n_params=1000, **peak(3 * GiB))]),
-        parallel.PIPE: run(parallel.PIPE, [
+        beyond_data_parallelism.PIPE: run(beyond_data_parallelism.PIPE, [
             rank(0, n_params=520, busy_s=[0.7] * 4, **peak(2 * GiB)),
             rank(1, n_params=480, busy_s=[0.7] * 4, **peak(2 * GiB))]),
-        parallel.PIPE_1: run(parallel.PIPE_1, [rank(0, n_params=520, busy_s=[0.4] * 4),
+        beyond_data_parallelism.PIPE_1: run(beyond_data_parallelism.PIPE_1, [rank(0, n_params=520, busy_s=[0.4] * 4),
                                                rank(1, n_params=480, busy_s=[0.4] * 4)],
                              losses=[5.7, 5.4, 5.3, 5.0, 4.8, 4.6]),
     }
@@ -72,7 +73,7 @@ def failed(checks: list[claims.Claim]) -> list[str]:
 
 @pytest.mark.parametrize("gpus", [0, 2])
 def test_a_good_pipeline_run_passes(gpus):
-    assert failed(parallel.pipeline_checks(pipeline_good(gpus > 0), machine(gpus))) == []
+    assert failed(beyond_data_parallelism.pipeline_checks(pipeline_good(gpus > 0), machine(gpus))) == []
 
 
 def _break(runs: dict, label: str, change) -> dict:
@@ -89,45 +90,45 @@ PIPELINE_BREAKAGES = {
     "no per-rank data": (lambda r: r.ranks.clear(), "2 ranks reported"),
     "losses disagree with 1 rank": (lambda r: r.losses.__setitem__(3, 5.3), "losses match"),
     "fewer steps than the baseline": (lambda r: r.losses.pop(), "losses match"),
-    "the pipeline failed": (lambda r: setattr(r, "status", bench.ERROR), "every run ran"),
+    "the pipeline failed": (lambda r: setattr(r, "status", runner.ERROR), "every run ran"),
 }
 
 
 @pytest.mark.parametrize("name", PIPELINE_BREAKAGES)
 def test_a_bad_pipeline_run_fails(name):
     change, words = PIPELINE_BREAKAGES[name]
-    runs = _break(pipeline_good(), parallel.PIPE, change)
-    bad = failed(parallel.pipeline_checks(runs, machine(0)))
+    runs = _break(pipeline_good(), beyond_data_parallelism.PIPE, change)
+    bad = failed(beyond_data_parallelism.pipeline_checks(runs, machine(0)))
     assert any(words in sentence for sentence in bad), bad
 
 
 def test_data_parallel_losses_must_agree_too():
-    runs = _break(pipeline_good(), parallel.DP, lambda r: r.losses.__setitem__(0, 5.7))
-    assert any(parallel.DP in s for s in failed(parallel.pipeline_checks(runs, machine(0))))
+    runs = _break(pipeline_good(), beyond_data_parallelism.DP, lambda r: r.losses.__setitem__(0, 5.7))
+    assert any(beyond_data_parallelism.DP in s for s in failed(beyond_data_parallelism.pipeline_checks(runs, machine(0))))
 
 
 def test_on_gpus_memory_must_split_and_the_bubble_must_shrink():
-    runs = _break(pipeline_good(gpu=True), parallel.PIPE,
+    runs = _break(pipeline_good(gpu=True), beyond_data_parallelism.PIPE,
                   lambda r: r.ranks[0].update(peak_gpu_allocated_bytes=5 * GiB))
-    assert any("peaks below" in s for s in failed(parallel.pipeline_checks(runs, machine(2))))
-    runs = _break(pipeline_good(gpu=True), parallel.PIPE,
+    assert any("peaks below" in s for s in failed(beyond_data_parallelism.pipeline_checks(runs, machine(2))))
+    runs = _break(pipeline_good(gpu=True), beyond_data_parallelism.PIPE,
                   lambda r: [x.update(busy_s=[0.2] * 4) for x in r.ranks])
-    assert any("idle less" in s for s in failed(parallel.pipeline_checks(runs, machine(2))))
+    assert any("idle less" in s for s in failed(beyond_data_parallelism.pipeline_checks(runs, machine(2))))
 
 
 def test_a_baseline_whose_loss_does_not_fall_fails():
-    runs = _break(pipeline_good(), parallel.BASE, lambda r: r.losses.reverse())
-    assert any("loss falls" in s for s in failed(parallel.pipeline_checks(runs, machine(0))))
+    runs = _break(pipeline_good(), beyond_data_parallelism.BASE, lambda r: r.losses.reverse())
+    assert any("loss falls" in s for s in failed(beyond_data_parallelism.pipeline_checks(runs, machine(0))))
 
 
 def test_idle_share_and_the_bubble():
-    assert parallel.bubble_theory(2, 1) == 0.5
-    assert parallel.bubble_theory(2, 8) == pytest.approx(1 / 9)
+    assert beyond_data_parallelism.bubble_theory(2, 1) == 0.5
+    assert beyond_data_parallelism.bubble_theory(2, 8) == pytest.approx(1 / 9)
     runs = pipeline_good()
-    assert parallel.idle_fraction(runs[parallel.PIPE]) == pytest.approx(0.3)
-    assert parallel.idle_fraction(runs[parallel.PIPE_1]) == pytest.approx(0.6)
-    assert parallel.idle_fraction(None) is None
-    assert parallel.idle_fraction(run("x", [rank(0)])) is None  # no timings: no figure
+    assert beyond_data_parallelism.idle_fraction(runs[beyond_data_parallelism.PIPE]) == pytest.approx(0.3)
+    assert beyond_data_parallelism.idle_fraction(runs[beyond_data_parallelism.PIPE_1]) == pytest.approx(0.6)
+    assert beyond_data_parallelism.idle_fraction(None) is None
+    assert beyond_data_parallelism.idle_fraction(run("x", [rank(0)])) is None  # no timings: no figure
 
 
 # ---- one GPU: the 2-rank runs explain themselves, nothing fails ----------------------------------
@@ -135,16 +136,16 @@ def test_idle_share_and_the_bubble():
 
 def test_on_one_gpu_the_two_rank_runs_are_explained_and_the_checks_hold():
     one = machine(1)
-    two_ranks, why = parallel.two_rank_note(one)
+    two_ranks, why = beyond_data_parallelism.two_rank_note(one)
     assert not two_ranks and "Kaggle" in why
-    base = parallel.ParallelSpec(kind="dense")
+    base = beyond_data_parallelism.ParallelSpec(kind="dense")
     solo = rank(0, n_params=1000, peak_gpu_allocated_bytes=GiB)
-    runs = {parallel.BASE: run(parallel.BASE, [solo])}
-    for label in (parallel.DP, parallel.PIPE, parallel.PIPE_1):
-        runs[label] = parallel.not_here(replace(base, label=label, world_size=2), why)
-    assert failed(parallel.pipeline_checks(runs, one)) == []
-    assert bench.explained(runs[parallel.PIPE]) and runs[parallel.PIPE].message == why
-    assert parallel.two_rank_note(machine(0))[0] and parallel.two_rank_note(machine(2))[0]
+    runs = {beyond_data_parallelism.BASE: run(beyond_data_parallelism.BASE, [solo])}
+    for label in (beyond_data_parallelism.DP, beyond_data_parallelism.PIPE, beyond_data_parallelism.PIPE_1):
+        runs[label] = beyond_data_parallelism.not_here(replace(base, label=label, world_size=2), why)
+    assert failed(beyond_data_parallelism.pipeline_checks(runs, one)) == []
+    assert runner.explained(runs[beyond_data_parallelism.PIPE]) and runs[beyond_data_parallelism.PIPE].message == why
+    assert beyond_data_parallelism.two_rank_note(machine(0))[0] and beyond_data_parallelism.two_rank_note(machine(2))[0]
 
 
 # ---- mixture of experts --------------------------------------------------------------------------
@@ -156,10 +157,10 @@ def moe_good(gpu: bool = False) -> dict:
     half = [[[15, 17, 14, 18], [16, 16, 16, 16]], [[15, 17, 14, 18], [16, 16, 17, 15]]]
     moe = dict(aux_losses=[1.1, 1.05], dense_params=500)
     return {
-        parallel.MOE_1: run(parallel.MOE_1, [rank(0, expert_params=800, experts_held=[0, 1, 2, 3],
+        beyond_data_parallelism.MOE_1: run(beyond_data_parallelism.MOE_1, [rank(0, expert_params=800, experts_held=[0, 1, 2, 3],
                                                   expert_counts=counts, tokens=128, **moe,
                                                   **peak(4 * GiB))]),
-        parallel.MOE_2: run(parallel.MOE_2, [
+        beyond_data_parallelism.MOE_2: run(beyond_data_parallelism.MOE_2, [
             rank(0, expert_params=400, experts_held=[0, 1], expert_counts=half[0], tokens=64, **moe,
                  **peak(3 * GiB)),
             rank(1, expert_params=400, experts_held=[2, 3], expert_counts=half[1], tokens=64, **moe,
@@ -169,7 +170,7 @@ def moe_good(gpu: bool = False) -> dict:
 
 @pytest.mark.parametrize("gpus", [0, 2])
 def test_a_good_moe_run_passes(gpus):
-    assert failed(parallel.moe_checks(moe_good(gpus > 0), machine(gpus))) == []
+    assert failed(beyond_data_parallelism.moe_checks(moe_good(gpus > 0), machine(gpus))) == []
 
 
 MOE_BREAKAGES = {
@@ -188,19 +189,19 @@ MOE_BREAKAGES = {
 @pytest.mark.parametrize("name", MOE_BREAKAGES)
 def test_a_bad_moe_run_fails(name):
     change, words = MOE_BREAKAGES[name]
-    bad = failed(parallel.moe_checks(_break(moe_good(), parallel.MOE_2, change), machine(0)))
+    bad = failed(beyond_data_parallelism.moe_checks(_break(moe_good(), beyond_data_parallelism.MOE_2, change), machine(0)))
     assert any(words in sentence for sentence in bad), bad
 
 
 def test_moe_figures_come_from_the_ranks():
     runs = moe_good()
-    assert parallel.expert_tokens(runs[parallel.MOE_1]) == [62, 66, 61, 67]
-    two = runs[parallel.MOE_2]
-    assert parallel.tokens_routed(two, 1) == parallel.tokens_seen(two) == 128
-    sizes = parallel.moe_sizes(runs[parallel.MOE_1], experts=4)
+    assert beyond_data_parallelism.expert_tokens(runs[beyond_data_parallelism.MOE_1]) == [62, 66, 61, 67]
+    two = runs[beyond_data_parallelism.MOE_2]
+    assert beyond_data_parallelism.tokens_routed(two, 1) == beyond_data_parallelism.tokens_seen(two) == 128
+    sizes = beyond_data_parallelism.moe_sizes(runs[beyond_data_parallelism.MOE_1], experts=4)
     assert sizes == {"total": 1300, "active": 700, "dense": 500, "experts": 800}
-    assert parallel.moe_sizes(None, 4) == {}
-    assert "2, 3" in str(parallel.moe_table(runs))
+    assert beyond_data_parallelism.moe_sizes(None, 4) == {}
+    assert "2, 3" in str(beyond_data_parallelism.moe_table(runs))
 
 
 # ---- AutoTP --------------------------------------------------------------------------------------
@@ -208,35 +209,35 @@ def test_moe_figures_come_from_the_ranks():
 
 def tp_good(gpu: bool = False) -> dict:
     peak = (lambda b: {"peak_gpu_allocated_bytes": b}) if gpu else (lambda b: {})
-    return {parallel.TP_1: run(parallel.TP_1, [rank(0, n_params=1000, **peak(4 * GiB))]),
-            parallel.TP_2: run(parallel.TP_2, [rank(0, n_params=510, **peak(3 * GiB)),
+    return {beyond_data_parallelism.TP_1: run(beyond_data_parallelism.TP_1, [rank(0, n_params=1000, **peak(4 * GiB))]),
+            beyond_data_parallelism.TP_2: run(beyond_data_parallelism.TP_2, [rank(0, n_params=510, **peak(3 * GiB)),
                                                rank(1, n_params=510, **peak(3 * GiB))])}
 
 
 def test_autotp_checks_hold_on_a_good_run_and_fail_on_bad_ones():
-    assert failed(parallel.tp_checks(tp_good(), machine(0))) == []
-    whole = _break(tp_good(), parallel.TP_2, lambda r: [x.update(n_params=1000) for x in r.ranks])
-    assert any("at most" in s for s in failed(parallel.tp_checks(whole, machine(0))))
-    drift = _break(tp_good(), parallel.TP_2, lambda r: r.losses.__setitem__(5, 4.0))
-    assert any("losses match" in s for s in failed(parallel.tp_checks(drift, machine(0))))
-    one_rank = _break(tp_good(), parallel.TP_2, lambda r: r.ranks.pop())
-    assert any("2 ranks reported" in s for s in failed(parallel.tp_checks(one_rank, machine(0))))
+    assert failed(beyond_data_parallelism.tp_checks(tp_good(), machine(0))) == []
+    whole = _break(tp_good(), beyond_data_parallelism.TP_2, lambda r: [x.update(n_params=1000) for x in r.ranks])
+    assert any("at most" in s for s in failed(beyond_data_parallelism.tp_checks(whole, machine(0))))
+    drift = _break(tp_good(), beyond_data_parallelism.TP_2, lambda r: r.losses.__setitem__(5, 4.0))
+    assert any("losses match" in s for s in failed(beyond_data_parallelism.tp_checks(drift, machine(0))))
+    one_rank = _break(tp_good(), beyond_data_parallelism.TP_2, lambda r: r.ranks.pop())
+    assert any("2 ranks reported" in s for s in failed(beyond_data_parallelism.tp_checks(one_rank, machine(0))))
 
 
 # ---- refusals ------------------------------------------------------------------------------------
 
 
-def refusals(**override) -> bench.RunResult:
+def refusals(**override) -> runner.RunResult:
     found = [{"combination": name, "refused": True, "error": f"AssertionError: x {words} y"}
-             for name, (words, _) in parallel.REFUSALS.items()]
+             for name, (words, _) in beyond_data_parallelism.REFUSALS.items()]
     for item in found:
         item.update(override.get(item["combination"], {}))
     return run("refusals", [rank(0, refusals=found)])
 
 
 def test_refusals_hold_when_deepspeed_refuses_with_its_words():
-    assert failed(parallel.refusal_checks(refusals())) == []
-    assert "incompatible with pipeline" in str(parallel.refusal_table(refusals()))
+    assert failed(beyond_data_parallelism.refusal_checks(refusals())) == []
+    assert "incompatible with pipeline" in str(beyond_data_parallelism.refusal_table(refusals()))
 
 
 @pytest.mark.parametrize("change, combination", [
@@ -244,14 +245,14 @@ def test_refusals_hold_when_deepspeed_refuses_with_its_words():
     ({"error": "RuntimeError: out of memory"}, "MoE + ZeRO-3"),  # refused for another reason
 ])
 def test_a_refusal_check_fails_when_deepspeed_changes(change, combination):
-    bad = failed(parallel.refusal_checks(refusals(**{combination: change})))
+    bad = failed(beyond_data_parallelism.refusal_checks(refusals(**{combination: change})))
     assert any(s.startswith(combination) for s in bad), bad
 
 
 def test_a_refusal_run_with_no_answer_fails():
-    empty = run("refusals", [], status=bench.ERROR, message="ImportError: no deepspeed")
-    bad = failed(parallel.refusal_checks(empty))
-    assert "the refusal run came back" in bad and len(bad) == 1 + len(parallel.REFUSALS)
+    empty = run("refusals", [], status=runner.ERROR, message="ImportError: no deepspeed")
+    bad = failed(beyond_data_parallelism.refusal_checks(empty))
+    assert "the refusal run came back" in bad and len(bad) == 1 + len(beyond_data_parallelism.REFUSALS)
 
 
 # ---- the runner's input and output ---------------------------------------------------------------
@@ -266,45 +267,45 @@ def test_a_refusal_run_with_no_answer_fails():
     ({"steps": 0}, "at least 1"),
 ])
 def test_a_bad_spec_is_refused_in_one_line_before_any_process_starts(change, words):
-    spec = replace(parallel.ParallelSpec(kind="dense", label="bad"), **change)
+    spec = replace(beyond_data_parallelism.ParallelSpec(kind="dense", label="bad"), **change)
     with pytest.raises(ValueError) as caught:
-        parallel.measure(spec)
+        beyond_data_parallelism.measure(spec)
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_merge_needs_every_rank_and_every_rank_ok():
-    spec = parallel.ParallelSpec(kind="pipeline", world_size=2, stages=2)
-    missing = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0)], spec)
-    assert missing.status == bench.ERROR and "1 of 2 ranks reported" in missing.message
-    broken = parallel.merge(bench.RunResult("p", bench.ERROR),
-                            [rank(0), {"rank": 1, "status": bench.ERROR, "message": "boom"}], spec)
-    assert broken.status == bench.ERROR and broken.message == "boom"
-    good = parallel.merge(bench.RunResult("p", bench.ERROR), [rank(0), rank(1)], spec)
-    assert good.status == bench.OK and good.median_step_s == 1.0
-    assert good.tokens_per_s == parallel.global_tokens(spec)
+    spec = beyond_data_parallelism.ParallelSpec(kind="pipeline", world_size=2, stages=2)
+    missing = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR), [rank(0)], spec)
+    assert missing.status == runner.ERROR and "1 of 2 ranks reported" in missing.message
+    broken = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR),
+                            [rank(0), {"rank": 1, "status": runner.ERROR, "message": "boom"}], spec)
+    assert broken.status == runner.ERROR and broken.message == "boom"
+    good = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR), [rank(0), rank(1)], spec)
+    assert good.status == runner.OK and good.median_step_s == 1.0
+    assert good.tokens_per_s == beyond_data_parallelism.global_tokens(spec)
 
 
 def test_a_worker_error_comes_back_as_one_explained_line():
     """A real subprocess: an unknown model shape fails inside the worker, and the result says so."""
-    spec = parallel.ParallelSpec(kind="autotp", label="bad shape", tp_shape="no-such-shape",
+    spec = beyond_data_parallelism.ParallelSpec(kind="autotp", label="bad shape", tp_shape="no-such-shape",
                                  steps=1)
-    result = parallel.measure(spec)
-    assert result.status == bench.ERROR and "unknown model shape 'no-such-shape'" in result.message
-    assert not bench.explained(result) and "\n" not in result.message
+    result = beyond_data_parallelism.measure(spec)
+    assert result.status == runner.ERROR and "unknown model shape 'no-such-shape'" in result.message
+    assert not runner.explained(result) and "\n" not in result.message
 
 
 # ---- what the notebook shows, on a CPU, 1 GPU and 2 GPUs -----------------------------------------
 
 
 def _one_gpu_sections(why: str) -> tuple[dict, dict, dict]:
-    base = parallel.ParallelSpec(kind="dense")
-    pipe = {parallel.BASE: pipeline_good(True)[parallel.BASE]}
-    moe = {parallel.MOE_1: moe_good(True)[parallel.MOE_1]}
-    tp = {parallel.TP_1: tp_good(True)[parallel.TP_1]}
-    for section, labels in ((pipe, (parallel.DP, parallel.PIPE, parallel.PIPE_1)),
-                            (moe, (parallel.MOE_2,)), (tp, (parallel.TP_2,))):
+    base = beyond_data_parallelism.ParallelSpec(kind="dense")
+    pipe = {beyond_data_parallelism.BASE: pipeline_good(True)[beyond_data_parallelism.BASE]}
+    moe = {beyond_data_parallelism.MOE_1: moe_good(True)[beyond_data_parallelism.MOE_1]}
+    tp = {beyond_data_parallelism.TP_1: tp_good(True)[beyond_data_parallelism.TP_1]}
+    for section, labels in ((pipe, (beyond_data_parallelism.DP, beyond_data_parallelism.PIPE, beyond_data_parallelism.PIPE_1)),
+                            (moe, (beyond_data_parallelism.MOE_2,)), (tp, (beyond_data_parallelism.TP_2,))):
         for label in labels:
-            section[label] = parallel.not_here(replace(base, label=label, world_size=2), why)
+            section[label] = beyond_data_parallelism.not_here(replace(base, label=label, world_size=2), why)
     return pipe, moe, tp
 
 
@@ -317,27 +318,27 @@ def test_tables_figures_takeaways_and_summary_render(gpus):
 
     env = machine(gpus)
     if gpus == 1:
-        pipe, moe, tp = _one_gpu_sections(parallel.two_rank_note(env)[1])
+        pipe, moe, tp = _one_gpu_sections(beyond_data_parallelism.two_rank_note(env)[1])
     else:
         pipe, moe, tp = pipeline_good(gpus > 0), moe_good(gpus > 0), tp_good(gpus > 0)
-    for table in (parallel.runs_table(pipe, "p", env), parallel.runs_table(moe, "m", env),
-                  parallel.runs_table(tp, "t", env), parallel.moe_table(moe),
-                  parallel.dimensions_table()):
+    for table in (beyond_data_parallelism.runs_table(pipe, "p", env), beyond_data_parallelism.runs_table(moe, "m", env),
+                  beyond_data_parallelism.runs_table(tp, "t", env), beyond_data_parallelism.moe_table(moe),
+                  beyond_data_parallelism.dimensions_table()):
         assert str(table) and table._repr_html_()
-    figures = [parallel.three_d_figure(), parallel.plot_memory_speed({**pipe, **moe, **tp}, env),
-               parallel.loss_curves(pipe, moe, tp),
-               parallel.plot_expert_tokens(moe[parallel.MOE_2 if gpus != 1 else parallel.MOE_1])]
+    figures = [beyond_data_parallelism.three_d_figure(), beyond_data_parallelism.plot_memory_speed({**pipe, **moe, **tp}, env),
+               beyond_data_parallelism.loss_curves(pipe, moe, tp),
+               beyond_data_parallelism.plot_expert_tokens(moe[beyond_data_parallelism.MOE_2 if gpus != 1 else beyond_data_parallelism.MOE_1])]
     plt.close("all")
     assert len(figures) == 4
-    lines = parallel.takeaways(pipe, moe, tp, refusals(), env, experts=4)
+    lines = beyond_data_parallelism.takeaways(pipe, moe, tp, refusals(), env, experts=4)
     assert any("refused pipeline + ZeRO-2" in line for line in lines)
     assert any("Kaggle" in line for line in lines) == (gpus == 1)
-    checks = (parallel.refusal_checks(refusals()) + parallel.pipeline_checks(pipe, env)
-              + parallel.moe_checks(moe, env) + parallel.tp_checks(tp, env))
+    checks = (beyond_data_parallelism.refusal_checks(refusals()) + beyond_data_parallelism.pipeline_checks(pipe, env)
+              + beyond_data_parallelism.moe_checks(moe, env) + beyond_data_parallelism.tp_checks(tp, env))
     assert failed(checks) == []
-    text = parallel.summary(pipe, moe, tp, refusals(), checks)
+    text = beyond_data_parallelism.summary(pipe, moe, tp, refusals(), checks)
     # The checked output reads the same on a CPU, 1 GPU and 2 GPUs.
-    assert text == parallel.summary(*pipeline_moe_tp_cpu(), refusals(), checks)
+    assert text == beyond_data_parallelism.summary(*pipeline_moe_tp_cpu(), refusals(), checks)
     assert "all checks held: True" in text
 
 
@@ -345,7 +346,7 @@ def pipeline_moe_tp_cpu() -> tuple[dict, dict, dict]:
     return pipeline_good(), moe_good(), tp_good()
 
 
-# ---- the training step of helpers.parallel_models, on a stand-in engine --------------------------
+# ---- the training step notebook 08 shows, on a stand-in engine --------------------------
 
 
 class FakeMoEEngine:
@@ -374,10 +375,8 @@ class FakeMoEEngine:
 def test_train_step_adds_expert_counts_per_expert_and_weights_the_aux_loss():
     import torch
 
-    from helpers import parallel_models
-
     engine = FakeMoEEngine()
-    out = parallel_models.train_step(engine, [torch.tensor([1, 2]), torch.tensor([3, 4])],
+    out = beyond_data_parallelism.train_step(engine, [torch.tensor([1, 2]), torch.tensor([3, 4])],
                                      aux_coef=0.5)
     assert out["counts"] == [[3 + 7, 2], [4, 3 + 7]]  # summed per expert, not concatenated
     assert out["loss"] == 5.0 and out["aux"] == 1.0

@@ -1,14 +1,14 @@
-"""helpers.rss_trace: a transient lands in the phase that made it, and only there."""
+"""helpers.runner's PhaseTrace: a transient lands in the phase that made it, and only there."""
 
 import time
 
-from helpers import rss_trace
+from helpers import runner
 
 MB = 2**20
 
 
 def test_a_transient_shows_in_its_phase_and_not_in_the_others():
-    trace = rss_trace.PhaseTrace(interval_s=0.005)
+    trace = runner.PhaseTrace(interval_s=0.005)
     trace.enter("before")
     time.sleep(0.05)
     trace.enter("spike")
@@ -26,7 +26,7 @@ def test_a_transient_shows_in_its_phase_and_not_in_the_others():
 
 
 def test_a_phase_entered_again_keeps_one_peak_and_counts_its_entries():
-    trace = rss_trace.PhaseTrace(interval_s=0.005)
+    trace = runner.PhaseTrace(interval_s=0.005)
     for _ in range(3):
         trace.enter("forward and backward")
         trace.enter("optimizer step")
@@ -38,11 +38,11 @@ def test_a_phase_entered_again_keeps_one_peak_and_counts_its_entries():
 # (a 60 s interval), freed before the phase ends. Prints {phase: rise in MB}.
 UNSAMPLED = r"""
 import json, psutil
-from helpers import rss_trace
-trace = rss_trace.PhaseTrace(interval_s=60)
+from helpers import runner
+trace = runner.PhaseTrace(interval_s=60)
 trace.enter("calm")
 # past the process's high so far (imports may have peaked above what stays resident)
-need = rss_trace.high_water_bytes() - psutil.Process().memory_info().rss + 300 * 2**20
+need = runner.high_water_bytes() - psutil.Process().memory_info().rss + 300 * 2**20
 trace.enter("spike")
 block = bytearray(b"\x01") * need
 del block

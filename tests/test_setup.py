@@ -68,12 +68,12 @@ def test_a_compile_is_recorded_beside_the_cache_and_shown_with_the_cached_op(tmp
 
 
 def test_the_tutorial_says_what_it_left_out_without_libaio(monkeypatch):
-    from helpers import libaio
+    from helpers import env
 
-    monkeypatch.setattr(libaio, "available", lambda: False)
+    monkeypatch.setattr(env, "libaio_available", lambda: False)
     lines = run_tutorial.left_out()
     assert len(lines) == 1 and "libaio-dev" in lines[0] and "apt-get install" in lines[0]
-    monkeypatch.setattr(libaio, "available", lambda: True)
+    monkeypatch.setattr(env, "libaio_available", lambda: True)
     assert run_tutorial.left_out() == []
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config, memory, models, sizing, verdict
+from helpers import cli, config, memory, models, sizing
 from helpers import env as kit_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,16 +25,16 @@ def t4():
 def test_every_kit_shape_is_sized_per_stage_and_offload(shape, t4):
     info, _ = sizing.resolve(shape)
     rows = sizing.size(info, t4, micro_batch=2, seq_len=256, grad_ckpt=True)
-    labels = [label for label, _ in sizing.matrix.CONFIGS] + [sizing.ZERO_INIT_NVME]
+    labels = [label for label, _ in sizing.config.STAGE_ROWS] + [sizing.ZERO_INIT_NVME]
     assert [r.label for r in rows] == labels
     assert all(r.estimate.total("gpu") > 0 and r.estimate.total("cpu") > 0 for r in rows)
-    assert all(r.overall in (verdict.FITS, verdict.TIGHT, verdict.NO_FIT) for r in rows)
+    assert all(r.overall in (memory.FITS, memory.TIGHT, memory.NO_FIT) for r in rows)
     assert rows[-1].estimate.total("nvme") > 0 and "nvme" in rows[-1].verdicts
 
 
 def _refused(capsys, argv) -> str:
     with pytest.raises(SystemExit) as done:
-        sizing.main(argv)
+        cli.sizing_command(argv)
     err = capsys.readouterr().err.strip()
     assert done.value.code == 2 and len(err.splitlines()) == 1, err
     return err
@@ -62,7 +62,8 @@ def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
         [
             sys.executable,
             "-m",
-            "helpers.sizing",
+            "helpers",
+            "sizing",
             "--model",
             str(folder),
             "--micro-batch",
@@ -82,7 +83,7 @@ def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"{folder}: ") and "GPU 15.0 GiB" in lines[0]
-    rows = len(sizing.matrix.CONFIGS) + 1  # and the zero.Init row
+    rows = len(sizing.config.STAGE_ROWS) + 1  # and the zero.Init row
     assert sum(line.startswith("stage ") for line in lines) == rows and "verdicts for:" in lines[-1]
 
 
@@ -107,8 +108,8 @@ def test_the_zero_init_row_agrees_with_notebook_06s_27b_run(t4):
     info, _ = sizing.resolve("gpt2-2.7b")
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
     inited, built = rows[sizing.ZERO_INIT_NVME], rows["stage 3 + NVMe offload"]
-    assert inited.verdicts["cpu"].word != verdict.NO_FIT
-    assert built.verdicts["cpu"].word == verdict.NO_FIT
+    assert inited.verdicts["cpu"].word != memory.NO_FIT
+    assert built.verdicts["cpu"].word == memory.NO_FIT
     assert inited.config["zero_optimization"]["offload_param"]["device"] == "nvme"
     assert abs(inited.estimate.total("cpu") / (11.24 * 2**30) - 1) < 0.05
 
@@ -120,7 +121,7 @@ def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_say
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
     row = rows[sizing.ZERO_INIT_NVME]
     host = row.estimate.parts["cpu"]
-    assert row.verdicts["cpu"].word == verdict.NO_FIT
+    assert row.verdicts["cpu"].word == memory.NO_FIT
     assert host["grads"] == 2 * info.n_params and info.largest_param_numel == 128256 * 3072
     buffer = row.config["zero_optimization"]["offload_param"]["buffer_size"]
     assert buffer >= info.largest_param_numel and host["parameter swap buffers"] == 5 * buffer * 2
@@ -369,7 +370,7 @@ def test_accelerates_figure_does_not_depend_on_the_configs_dtype(tmp_path):
 
 
 def test_compare_prints_deepspeeds_and_accelerates_estimates(capsys):
-    assert sizing.main(["--model", "gpt2-124m", "--micro-batch", "2", "--seq-len", "256",
+    assert cli.sizing_command(["--model", "gpt2-124m", "--micro-batch", "2", "--seq-len", "256",
                         "--compare", "--emulate", "none"]) == 0
     out = capsys.readouterr().out
     assert "DeepSpeed GPU" in out and "Accelerate GPU" in out and "four answers" in out

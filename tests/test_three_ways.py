@@ -1,4 +1,4 @@
-"""Notebook 07's checks (helpers.three_ways) fail on bad runs: losses that differ at step 1, a path
+"""Notebook 07's checks (helpers.lessons.engine_and_accelerate) fail on bad runs: losses that differ at step 1, a path
 that recorded nothing, a loss that does not fall, a resume that drifted, reloaded logits that differ,
 ZeRO-3 weights that were not partitioned, a Trainer whose token count is off. Each bad input must
 fail the claim it is about, and a good run must pass them all (so no test passes by accident)."""
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from helpers import claims, data, three_ways
+from helpers import claims, data
+from helpers.lessons import engine_and_accelerate
 
 GOOD = [6.02, 6.03, 6.05, 5.75, 5.53, 5.30, 5.09, 4.93, 4.70, 4.47, 4.32, 4.13]  # notebook 07 on a CPU
 
@@ -28,20 +29,20 @@ def three(engine=GOOD, accelerate=GOOD, trainer=GOOD):
 
 
 def test_identical_paths_pass_every_claim():
-    found = three_ways.compare(three(), "fp32", steps=len(GOOD))
+    found = engine_and_accelerate.compare(three(), "fp32", steps=len(GOOD))
     assert claims.failed(found) == []
     assert len(found) == 8  # recorded, steps, step 1, two every-step claims, three loss-falls claims
 
 
 def test_rounding_noise_within_the_fp32_tolerance_passes():
     noisy = [x * (1 + 5e-5 * (-1) ** i) for i, x in enumerate(GOOD)]
-    assert claims.failed(three_ways.compare(three(trainer=noisy), "fp32")) == []
+    assert claims.failed(engine_and_accelerate.compare(three(trainer=noisy), "fp32")) == []
 
 
 def test_losses_that_differ_at_step_one_fail_the_first_step_claim():
     # The Trainer's count without model.loss_type on GPT-2: every loss (BLOCK - 1) / BLOCK of the engine's.
     scaled = [x * 63 / 64 for x in GOOD]
-    found = three_ways.compare(three(trainer=scaled), "fp32")
+    found = engine_and_accelerate.compare(three(trainer=scaled), "fp32")
     assert not held(found, "step 1:")
     assert not held(found, "trainer: every step")
     assert held(found, "accelerate: every step")
@@ -50,7 +51,7 @@ def test_losses_that_differ_at_step_one_fail_the_first_step_claim():
 
 def test_a_drift_after_step_one_fails_only_the_every_step_claim():
     drifted = GOOD[:6] + [x * 1.01 for x in GOOD[6:]]
-    found = three_ways.compare(three(accelerate=drifted), "fp32")
+    found = engine_and_accelerate.compare(three(accelerate=drifted), "fp32")
     assert held(found, "step 1:")
     assert not held(found, "accelerate: every step")
     assert held(found, "trainer: every step")
@@ -58,13 +59,13 @@ def test_a_drift_after_step_one_fails_only_the_every_step_claim():
 
 def test_fp16_allows_what_fp32_refuses():
     drifted = GOOD[:1] + [x * 1.03 for x in GOOD[1:]]
-    assert not held(three_ways.compare(three(trainer=drifted), "fp32"), "trainer: every step")
-    assert held(three_ways.compare(three(trainer=drifted), "fp16"), "trainer: every step")
-    assert not held(three_ways.compare(three(trainer=[x * 1.08 for x in GOOD]), "fp16"), "trainer: every step")
+    assert not held(engine_and_accelerate.compare(three(trainer=drifted), "fp32"), "trainer: every step")
+    assert held(engine_and_accelerate.compare(three(trainer=drifted), "fp16"), "trainer: every step")
+    assert not held(engine_and_accelerate.compare(three(trainer=[x * 1.08 for x in GOOD]), "fp16"), "trainer: every step")
 
 
 def test_a_path_that_recorded_nothing_fails():
-    found = three_ways.compare(three(accelerate=[]), "fp32", steps=len(GOOD))
+    found = engine_and_accelerate.compare(three(accelerate=[]), "fp32", steps=len(GOOD))
     assert not held(found, "every path recorded its losses")
     assert not held(found, "every path ran the same")
     assert not held(found, "step 1:")
@@ -74,14 +75,14 @@ def test_a_path_that_recorded_nothing_fails():
 
 
 def test_a_missing_reference_fails_everything_it_anchors():
-    found = three_ways.compare({"accelerate": GOOD, "trainer": GOOD}, "fp32", steps=len(GOOD))
+    found = engine_and_accelerate.compare({"accelerate": GOOD, "trainer": GOOD}, "fp32", steps=len(GOOD))
     assert not held(found, "every path recorded its losses")
     assert not held(found, "step 1:")
     assert not held(found, "accelerate: every step")
 
 
 def test_an_empty_comparison_fails():
-    found = three_ways.compare({}, "fp32")
+    found = engine_and_accelerate.compare({}, "fp32")
     assert not held(found, "every path recorded its losses")
     assert not held(found, "every path ran the same")
     assert not held(found, "step 1:")
@@ -90,46 +91,46 @@ def test_an_empty_comparison_fails():
 
 
 def test_the_reference_alone_is_no_comparison():
-    found = three_ways.compare({"engine": GOOD}, "fp32")
+    found = engine_and_accelerate.compare({"engine": GOOD}, "fp32")
     assert not held(found, "every path recorded its losses")
     assert not held(found, "step 1:")
 
 
 def test_a_path_that_ran_fewer_steps_fails():
-    found = three_ways.compare(three(trainer=GOOD[:-2]), "fp32", steps=len(GOOD))
+    found = engine_and_accelerate.compare(three(trainer=GOOD[:-2]), "fp32", steps=len(GOOD))
     assert not held(found, "every path ran the same")
     assert not held(found, "trainer: every step")
 
 
 def test_a_loss_that_does_not_fall_fails_on_every_path():
     flat = [6.0] * len(GOOD)
-    found = three_ways.compare(three(flat, flat, flat), "fp32")
+    found = engine_and_accelerate.compare(three(flat, flat, flat), "fp32")
     assert held(found, "step 1:") and held(found, "trainer: every step")  # they agree, and still
     for path in ("engine", "accelerate", "trainer"):
         assert not held(found, f"{path}: the loss falls")
 
 
 def test_a_diverging_loss_fails():
-    found = three_ways.compare(three(*[GOOD[:-1] + [math.nan]] * 3), "fp32")
+    found = engine_and_accelerate.compare(three(*[GOOD[:-1] + [math.nan]] * 3), "fp32")
     assert not held(found, "engine: the loss falls")
 
 
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="fp8"):
-        three_ways.compare(three(), "fp8")
+        engine_and_accelerate.compare(three(), "fp8")
 
 
 def test_the_tolerances_are_the_stated_ones():
-    assert (three_ways.tolerance("fp32").first_step, three_ways.tolerance("fp32").every_step) == (1e-4, 1e-3)
-    assert (three_ways.tolerance("fp16").first_step, three_ways.tolerance("fp16").every_step) == (1e-3, 5e-2)
-    assert (three_ways.tolerance("bf16").first_step, three_ways.tolerance("bf16").every_step) == (1e-3, 5e-2)
+    assert (engine_and_accelerate.tolerance("fp32").first_step, engine_and_accelerate.tolerance("fp32").every_step) == (1e-4, 1e-3)
+    assert (engine_and_accelerate.tolerance("fp16").first_step, engine_and_accelerate.tolerance("fp16").every_step) == (1e-3, 5e-2)
+    assert (engine_and_accelerate.tolerance("bf16").first_step, engine_and_accelerate.tolerance("bf16").every_step) == (1e-3, 5e-2)
 
 
 # ---- resume, reload, ZeRO-3, the Trainer's count ---------------------------------------------------------
 
 
 def test_resume_that_reproduces_the_losses_passes():
-    assert three_ways.resume_claim(GOOD, GOOD[6:8], 6, "fp32")[1]
+    assert engine_and_accelerate.resume_claim(GOOD, GOOD[6:8], 6, "fp32")[1]
 
 
 @pytest.mark.parametrize("resumed, start, why", [
@@ -139,12 +140,12 @@ def test_resume_that_reproduces_the_losses_passes():
     (GOOD[10:12] + [4.0], 10, "past the end of the uninterrupted run"),
 ])
 def test_a_bad_resume_fails(resumed, start, why):
-    assert not three_ways.resume_claim(GOOD, resumed, start, "fp32")[1], why
+    assert not engine_and_accelerate.resume_claim(GOOD, resumed, start, "fp32")[1], why
 
 
 def test_reloaded_logits_that_match_pass():
     logits = torch.randn(2, 8, 16)
-    assert three_ways.logits_claim("x", three_ways.logit_difference(logits, logits.clone()), "fp32")[1]
+    assert engine_and_accelerate.logits_claim("x", engine_and_accelerate.logit_difference(logits, logits.clone()), "fp32")[1]
 
 
 @pytest.mark.parametrize("change, why", [
@@ -156,28 +157,28 @@ def test_reloaded_logits_that_match_pass():
 ])
 def test_reloaded_logits_that_differ_fail(change, why):
     logits = torch.randn(2, 8, 16)
-    diff = three_ways.logit_difference(logits, change(logits))
-    assert not three_ways.logits_claim("reload", diff, "fp32")[1], why
+    diff = engine_and_accelerate.logit_difference(logits, change(logits))
+    assert not engine_and_accelerate.logits_claim("reload", diff, "fp32")[1], why
 
 
 def test_logit_tolerance_follows_the_precision():
     logits = torch.randn(2, 8, 16)
-    diff = three_ways.logit_difference(logits, logits * (1 + 5e-3))
-    assert not three_ways.logits_claim("x", diff, "fp32")[1]
-    assert three_ways.logits_claim("x", diff, "fp16")[1]
-    assert not three_ways.logits_claim("x", None, "fp32")[1]
+    diff = engine_and_accelerate.logit_difference(logits, logits * (1 + 5e-3))
+    assert not engine_and_accelerate.logits_claim("x", diff, "fp32")[1]
+    assert engine_and_accelerate.logits_claim("x", diff, "fp16")[1]
+    assert not engine_and_accelerate.logits_claim("x", None, "fp32")[1]
 
 
 def test_zero3_partitioned_only_when_the_module_holds_nothing():
-    assert three_ways.zero3_partitioned_claim(0, 191_808)[1]
-    assert not three_ways.zero3_partitioned_claim(191_808, 191_808)[1]  # gathered: not what ZeRO-3 leaves
-    assert not three_ways.zero3_partitioned_claim(0, 0)[1]  # no model at all
+    assert engine_and_accelerate.zero3_partitioned_claim(0, 191_808)[1]
+    assert not engine_and_accelerate.zero3_partitioned_claim(191_808, 191_808)[1]  # gathered: not what ZeRO-3 leaves
+    assert not engine_and_accelerate.zero3_partitioned_claim(0, 0)[1]  # no model at all
 
 
 def test_partition_counts_of_a_plain_module_fail_the_zero3_claim():
     module = torch.nn.Linear(4, 3)
-    assert three_ways.partition_counts(module) == (15, 15)
-    assert not three_ways.zero3_partitioned_claim(*three_ways.partition_counts(module))[1]
+    assert engine_and_accelerate.partition_counts(module) == (15, 15)
+    assert not engine_and_accelerate.zero3_partitioned_claim(*engine_and_accelerate.partition_counts(module))[1]
 
 
 def test_partition_counts_read_deepspeeds_full_sizes():
@@ -185,23 +186,23 @@ def test_partition_counts_read_deepspeeds_full_sizes():
     for param in module.parameters():  # what ZeRO-3 leaves: an empty placeholder and the full size
         param.ds_numel, param.ds_shape = param.numel(), param.shape
         param.data = torch.empty(0)
-    assert three_ways.partition_counts(module) == (0, 15)
-    assert three_ways.zero3_partitioned_claim(*three_ways.partition_counts(module))[1]
-    assert "(0,)" in str(three_ways.partition_table(module))
+    assert engine_and_accelerate.partition_counts(module) == (0, 15)
+    assert engine_and_accelerate.zero3_partitioned_claim(*engine_and_accelerate.partition_counts(module))[1]
+    assert "(0,)" in str(engine_and_accelerate.partition_table(module))
 
 
 def test_zero3_losses_must_match_stage2s():
-    assert three_ways.matches_claim("ZeRO-3", GOOD[:4], GOOD, "fp32")[1]
-    assert not three_ways.matches_claim("ZeRO-3", [x * 1.01 for x in GOOD[:4]], GOOD, "fp32")[1]
-    assert not three_ways.matches_claim("ZeRO-3", [], GOOD, "fp32")[1]
-    assert not three_ways.matches_claim("ZeRO-3", GOOD[:4], GOOD[:2], "fp32")[1]
+    assert engine_and_accelerate.matches_claim("ZeRO-3", GOOD[:4], GOOD, "fp32")[1]
+    assert not engine_and_accelerate.matches_claim("ZeRO-3", [x * 1.01 for x in GOOD[:4]], GOOD, "fp32")[1]
+    assert not engine_and_accelerate.matches_claim("ZeRO-3", [], GOOD, "fp32")[1]
+    assert not engine_and_accelerate.matches_claim("ZeRO-3", GOOD[:4], GOOD[:2], "fp32")[1]
 
 
 def test_the_trainer_count_claim():
-    assert three_ways.trainer_count_claim(GOOD[0] * 63 / 64, GOOD[0], 63 / 64, "fp32")[1]
-    assert not three_ways.trainer_count_claim(GOOD[0], GOOD[0], 63 / 64, "fp32")[1]  # predicted a bias, saw none
-    assert not three_ways.trainer_count_claim(GOOD[0] * 63 / 64, GOOD[0], 1.0, "fp32")[1]
-    assert not three_ways.trainer_count_claim(None, GOOD[0], 1.0, "fp32")[1]
+    assert engine_and_accelerate.trainer_count_claim(GOOD[0] * 63 / 64, GOOD[0], 63 / 64, "fp32")[1]
+    assert not engine_and_accelerate.trainer_count_claim(GOOD[0], GOOD[0], 63 / 64, "fp32")[1]  # predicted a bias, saw none
+    assert not engine_and_accelerate.trainer_count_claim(GOOD[0] * 63 / 64, GOOD[0], 1.0, "fp32")[1]
+    assert not engine_and_accelerate.trainer_count_claim(None, GOOD[0], 1.0, "fp32")[1]
 
 
 def test_expected_trainer_ratio_by_model_class(tmp_path):
@@ -210,21 +211,21 @@ def test_expected_trainer_ratio_by_model_class(tmp_path):
     GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64).save_pretrained(tmp_path / "gpt2")
     LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
                 num_key_value_heads=2, vocab_size=64).save_pretrained(tmp_path / "llama")
-    assert three_ways.expected_trainer_ratio(str(tmp_path / "gpt2"), 64) == pytest.approx(63 / 64)
-    assert three_ways.expected_trainer_ratio(str(tmp_path / "llama"), 64) == 1.0
+    assert engine_and_accelerate.expected_trainer_ratio(str(tmp_path / "gpt2"), 64) == pytest.approx(63 / 64)
+    assert engine_and_accelerate.expected_trainer_ratio(str(tmp_path / "llama"), 64) == 1.0
 
 
 def test_the_trainer_sentence_says_which_case():
-    assert "1.56% low" in three_ways.trainer_sentence(63 / 64, 63 / 64)
-    assert "0.39% low" in three_ways.trainer_sentence(255 / 256, 255 / 256)  # not "already names": bf16 ran so
-    assert "already names" in three_ways.trainer_sentence(1.0, 1.0)
-    assert "not measured" in three_ways.trainer_sentence(None, 1.0)
+    assert "1.56% low" in engine_and_accelerate.trainer_sentence(63 / 64, 63 / 64)
+    assert "0.39% low" in engine_and_accelerate.trainer_sentence(255 / 256, 255 / 256)  # not "already names": bf16 ran so
+    assert "already names" in engine_and_accelerate.trainer_sentence(1.0, 1.0)
+    assert "not measured" in engine_and_accelerate.trainer_sentence(None, 1.0)
 
 
 def test_the_first_step_tolerance_catches_the_trainer_miscount_at_full_size():
     scaled = [x * 255 / 256 for x in GOOD]  # BLOCK 256, the GPU's full size
-    for precision in three_ways.TOLERANCES:
-        assert not held(three_ways.compare(three(trainer=scaled), precision), "step 1:"), precision
+    for precision in engine_and_accelerate.TOLERANCES:
+        assert not held(engine_and_accelerate.compare(three(trainer=scaled), precision), "step 1:"), precision
 
 
 # ---- offline files, table, plot ------------------------------------------------------------------------
@@ -258,9 +259,9 @@ def test_table_and_plot_show_every_path():
 
     matplotlib.use("agg")
     losses = three(trainer=[x * 1.0005 for x in GOOD])
-    text = str(three_ways.table(losses))
+    text = str(engine_and_accelerate.table(losses))
     assert all(path in text for path in ("engine", "accelerate", "trainer")) and "5.0e-04" in text
-    fig = three_ways.plot(losses, "fp32")
+    fig = engine_and_accelerate.plot(losses, "fp32")
     left, right = fig.axes
     assert [line.get_label() for line in left.get_lines()] == list(losses)
-    assert right.get_ylim()[1] >= 3 * three_ways.tolerance("fp32").every_step
+    assert right.get_ylim()[1] >= 3 * engine_and_accelerate.tolerance("fp32").every_step

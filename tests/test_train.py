@@ -1,10 +1,11 @@
-"""helpers.train, models, data: offline defaults, the Hub path through a local folder, the callback,
+"""helpers.lessons.zero2_training, models, data: offline defaults, the Hub path through a local folder, the callback,
 save and reload, resume, and out-of-memory handling."""
 
 import torch
 import pytest
 
-from helpers import claims, config, data, models, train
+from helpers import claims, config, data, models
+from helpers.lessons import zero2_training
 
 
 def test_offline_corpus_and_chunking():
@@ -50,7 +51,7 @@ def tiny_model():
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     dataset = blocks(40_000)
-    run = train.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
+    run = zero2_training.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
                          precision="fp32", save_steps=6)
     return dataset, run, out
 
@@ -61,7 +62,7 @@ def test_callback_records_every_step(trained):
     assert all({"loss", "lr", "tokens_per_s", "host_rss_bytes", "skipped_steps"} <= set(r) for r in run.records)
     assert run.records[0]["lr"] == pytest.approx(3e-3)
     assert claims.loss_falls(run.losses()), run.losses()
-    assert "steps" in str(train.summary_table(run, __import__("helpers.env", fromlist=["x"]).describe()))
+    assert "steps" in str(zero2_training.summary_table(run, __import__("helpers.env", fromlist=["x"]).describe()))
 
 
 def test_save_reload_gives_equal_logits(trained, tmp_path):
@@ -71,30 +72,30 @@ def test_save_reload_gives_equal_logits(trained, tmp_path):
     run.trainer.save_model(str(tmp_path / "model"))
     reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"))
     probe = torch.tensor([dataset[0]["input_ids"]])
-    assert train.logit_difference(run.trainer.model, reloaded, probe) <= 1e-5
+    assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) <= 1e-5
     with torch.no_grad():
         reloaded.lm_head.weight.add_(0.1)  # a model that is not the same must show a difference
-    assert train.logit_difference(run.trainer.model, reloaded, probe) > train.RELOAD_TOL
+    assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) > zero2_training.RELOAD_TOL
 
 
 def test_resume_continues_at_the_same_step_and_loss(trained):
     dataset, run, out = trained
-    resumed = train.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
+    resumed = zero2_training.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
                              precision="fp32", resume_from=str(out / "checkpoint-6"))
-    first, again = train.logged_losses(run.trainer), resumed.losses_by_step()
-    assert min(again) == 7 and train.resumed_like(first, again, 6, rtol=1e-4) == (True, True)
-    assert train.resumed_like(first, again, 5, rtol=1e-4) == (False, True)
-    assert train.resumed_like(first, {s: x * 1.1 for s, x in again.items()}, 6, rtol=1e-4) == (True, False)
-    assert train.resumed_like(first, {}, 6, rtol=1e-4) == (False, False)
+    first, again = zero2_training.logged_losses(run.trainer), resumed.losses_by_step()
+    assert min(again) == 7 and zero2_training.resumed_like(first, again, 6, rtol=1e-4) == (True, True)
+    assert zero2_training.resumed_like(first, again, 5, rtol=1e-4) == (False, True)
+    assert zero2_training.resumed_like(first, {s: x * 1.1 for s, x in again.items()}, 6, rtol=1e-4) == (True, False)
+    assert zero2_training.resumed_like(first, {}, 6, rtol=1e-4) == (False, False)
 
 
 def test_out_of_memory_becomes_advice_and_the_next_run_works(tmp_path):
     model, dataset = tiny_model(), blocks(20_000)
-    oom = train.finetune(model, dataset, config.load("zero2"), tmp_path, steps=3, micro_batch=4,
+    oom = zero2_training.finetune(model, dataset, config.load("zero2"), tmp_path, steps=3, micro_batch=4,
                          precision="fp32", fail_at_step=1)
     assert oom.status == "out of GPU memory"
     assert oom.message.startswith("out of GPU memory at micro batch 4 (simulated on CPU): try ZeRO-2")
-    again = train.finetune(model, dataset, config.load("zero2"), tmp_path, steps=2, micro_batch=4, precision="fp32")
+    again = zero2_training.finetune(model, dataset, config.load("zero2"), tmp_path, steps=2, micro_batch=4, precision="fp32")
     assert again.status == "ok"
 
 
@@ -102,11 +103,11 @@ def test_notebook_checks_fail_on_a_bad_run(trained):
     _, run, _ = trained
     from helpers import env
 
-    broken = train.TrainRun("error", "boom", run.records[:2])
-    oom = train.TrainRun("out of GPU memory", "out of GPU memory at micro batch 4: try ... (notebook 05)")
-    good = dict(train.checks(run, 0.0, (True, True), oom, env.describe()))
+    broken = zero2_training.TrainRun("error", "boom", run.records[:2])
+    oom = zero2_training.TrainRun("out of GPU memory", "out of GPU memory at micro batch 4: try ... (notebook 05)")
+    good = dict(zero2_training.checks(run, 0.0, (True, True), oom, env.describe()))
     assert all(good.values()), good
-    bad = dict(train.checks(broken, 1.0, (False, True), train.TrainRun("ok"), env.describe()))
+    bad = dict(zero2_training.checks(broken, 1.0, (False, True), zero2_training.TrainRun("ok"), env.describe()))
     failed = {k.split(":")[0] for k, held in bad.items() if not held}
     assert {"training ran", "training", "the reloaded model gives the same logits",
             "resume continued at the next step", "out of GPU memory was reported with advice"} <= failed

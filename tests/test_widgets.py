@@ -1,18 +1,19 @@
-"""helpers.widgets: the form drives the same helpers as the plain cells, and its checks can fail."""
+"""helpers.lessons.config_builder: the form drives the same helpers as the plain cells, and its checks can fail."""
 
-from helpers import env, widgets
+from helpers import env
+from helpers.lessons import config_builder
 
 
 def test_form_checks_all_hold_and_leave_the_form_as_it_was(tmp_path):
-    form = widgets.ConfigForm(env.describe(), shape="tiny", micro_batch=2, seq_len=64, folder=tmp_path)
+    form = config_builder.ConfigForm(env.describe(), shape="tiny", micro_batch=2, seq_len=64, folder=tmp_path)
     before = form.values()
-    results = widgets.form_checks(form)
+    results = config_builder.form_checks(form)
     assert results and all(held for _, held in results), results
     assert form.values() == before
 
 
 def test_save_writes_a_file_and_refuses_errors(tmp_path):
-    form = widgets.ConfigForm(env.describe(), shape="tiny", folder=tmp_path)
+    form = config_builder.ConfigForm(env.describe(), shape="tiny", folder=tmp_path)
     form.name.value = "from_form"
     path = form.save()
     assert path == tmp_path / "from_form.json" and path.exists() and "saved" in form.status.value
@@ -22,7 +23,7 @@ def test_save_writes_a_file_and_refuses_errors(tmp_path):
     assert form.save() is None and "not saved" in form.status.value and not path.exists()
 
 
-class BrokenForm(widgets.ConfigForm):
+class BrokenForm(config_builder.ConfigForm):
     """A form whose control callback stops updating after the first render."""
 
     def refresh(self, _change=None):
@@ -32,5 +33,5 @@ class BrokenForm(widgets.ConfigForm):
 
 def test_a_broken_refresh_is_caught_by_the_checks(tmp_path):
     form = BrokenForm(env.describe(), shape="tiny", folder=tmp_path)
-    failed = [claim for claim, held in widgets.form_checks(form) if not held]
+    failed = [claim for claim, held in config_builder.form_checks(form) if not held]
     assert "stage 3 + NVMe: the JSON preview follows the controls" in failed

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, env, matrix, memory  # noqa: E402
+from helpers import cli, config, env, memory, runner  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["gpt2-124m", "gpt2-355m"],
                         type=cli.one_of(MODEL_SHAPES, "kit shapes"),
                         help=f"model shapes to measure, of {', '.join(MODEL_SHAPES)}")
-    parser.add_argument("--rows", nargs="*", type=cli.one_of([label for label, _ in matrix.CONFIGS], "matrix rows"),
+    parser.add_argument("--rows", nargs="*", type=cli.one_of([label for label, _ in config.STAGE_ROWS], "matrix rows"),
                         help="matrix labels to run (default: all)")
     parser.add_argument("--micro-batch", type=cli.positive_int, default=4)
     parser.add_argument("--seq-len", type=cli.whole_number(8), default=512)
@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     out = open(args.out, "a")
     for shape in args.shapes:
         info = memory.ModelInfo.for_shape(shape)
-        for label, choice in matrix.CONFIGS:
+        for label, choice in config.STAGE_ROWS:
             if args.rows and label not in args.rows:
                 continue
-            ds = matrix.config_for(choice, info, machine, args.micro_batch)
-            spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
+            ds = config.for_row(choice, info, machine, args.micro_batch)
+            spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
                                  steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
                                  zero_init=choice["stage"] == 3 and "nvme" in choice.values())
-            result = bench.measure(spec)
+            result = runner.measure(spec)
             est = memory.estimate(info, ds, micro_batch=args.micro_batch, seq_len=args.seq_len, grad_ckpt=True,
                                   on_gpu=machine.has_gpu)
             row = {"shape": shape, "label": label, "predicted_gpu": est.total("gpu"), "predicted_cpu": est.total("cpu"),

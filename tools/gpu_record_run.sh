@@ -9,6 +9,8 @@
 # its limit, or a longer pause, gives the machine back and its jobs and results with it (run 15).
 set -u
 W=/tmp/kit_gpu
+# Every run and probe the notebooks report goes to the file KIT_BENCH_LOG names (tools/run_log.py).
+export KIT_REPORT_TO=tools.run_log:append
 export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case "$1" in
 start)
@@ -49,7 +51,7 @@ start)
     > $W/job_grid.log 2>&1 < /dev/null &
   [[ $jobs == *" 05 "* ]] && KIT_BENCH_LOG=$W/runs05.jsonl setsid nohup python3 tools/run_tutorial.py --check --out $W/tutorial \
     notebooks/05_stages_and_offload.ipynb > $W/job05.log 2>&1 < /dev/null &
-  [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers.matrix --world-size 2 --shape gpt2-124m \
+  [[ $jobs == *" cli "* ]] && KIT_BENCH_LOG=$W/runscli.jsonl setsid nohup python3 -m helpers matrix --world-size 2 --shape gpt2-124m \
     --micro-batch 4 --seq-len 512 --grad-ckpt --steps 4 --only "stage 0,stage 1,stage 2,stage 3,stage 2 + CPU offload" \
     > $W/jobcli.log 2>&1 < /dev/null &
   [[ $jobs == *" 06 "* ]] && CUDA_VISIBLE_DEVICES=1 KIT_LADDER_MINUTES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme06 KIT_BENCH_LOG=$W/runs06.jsonl setsid nohup python3 tools/run_tutorial.py \
@@ -64,17 +66,18 @@ start)
 wait)
   end=$((SECONDS + ${2:-500}))
   while [ $SECONDS -lt $end ]; do
-    running=$(pgrep -f "run_tutorial.py|helpers.matrix|pytest|measure_memory_grid|gpu_nvme_rung" | wc -l)
+    running=$(pgrep -f "run_tutorial.py|helpers matrix|pytest|measure_memory_grid|gpu_nvme_rung" | wc -l)
     [ "$running" -eq 0 ] && break
     sleep 20
     echo "[$(date +%T)] runs done:" $(for f in $W/runs*.jsonl; do [ -f $f ] && echo "$(basename $f .jsonl)=$(wc -l < $f)"; done)
   done
-  [ "$(pgrep -f 'run_tutorial.py|helpers.matrix|pytest|measure_memory_grid|gpu_nvme_rung' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
+  [ "$(pgrep -f 'run_tutorial.py|helpers matrix|pytest|measure_memory_grid|gpu_nvme_rung' | wc -l)" -eq 0 ] && echo "all done" || echo "still running"
   python3 - $W <<'PY'
 import json, pathlib, sys
 w = pathlib.Path(sys.argv[1])
 sys.path.insert(0, ".")
-from helpers import infinity, memory
+from helpers import memory
+from helpers.lessons import biggest_model
 for f in sorted(w.glob("runs*.jsonl")):
     disk = None
     for line in f.read_text().splitlines():
@@ -84,7 +87,7 @@ for f in sorted(w.glob("runs*.jsonl")):
             print(f.stem, f"disk probe at {r['path']}: write {disk[0]:,.0f} MB/s, read {disk[1]:,.0f} MB/s")
             continue
         if disk and r["status"] == "ok" and "NVMe" in r["label"] and r["median_step_s"]:
-            bound = infinity.predicted_nvme_step_s(memory.ModelInfo.for_shape(r["shape"]), *disk)
+            bound = biggest_model.predicted_nvme_step_s(memory.ModelInfo.for_shape(r["shape"]), *disk)
             print(f.stem, r["label"], f"{r['median_step_s']:.1f} s/step against the disk's bound "
                   f"{bound:.1f} s: {r['median_step_s'] / bound:.2f}x")
         gib = lambda b: "-" if not b else f"{b / 2**30:.2f}"

@@ -1,6 +1,6 @@
 """Measure the memory grid of issue 16: GPT-2 and Llama-style shapes from 124M to 1.5B, micro batch
 1-16, sequence 256-2048, checkpointing on and off, stages 0-3, CPU and NVMe offload, with cases
-near (and past) a T4's 15 GiB. Each case runs through helpers.bench.measure in a fresh subprocess
+near (and past) a T4's 15 GiB. Each case runs through helpers.runner.measure in a fresh subprocess
 (out of memory is a result, not a crash) and is appended to ``--out`` as one JSON line, with its
 prediction, the machine and its split ("fit" or "validation": alternating within each family).
 Calling it again with the same ``--out`` runs only the cases not recorded yet.
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from helpers import bench, cli, config, env, libaio, matrix, measurements  # noqa: E402
-from helpers import memory, verdict  # noqa: E402
+from helpers import cli, config, env, measurements, runner  # noqa: E402
+from helpers import memory  # noqa: E402
 
 S0, S1, S2, S3 = "stage 0", "stage 1", "stage 2", "stage 3"
 S2C, S3C, S3N = "stage 2 + CPU offload", "stage 3 + CPU offload", "stage 3 + NVMe offload"
@@ -153,8 +153,8 @@ def plan(machine: env.Environment, smoke: bool, steps: int, nvme: bool):
         # NVMe cases side by side must not share a swap folder (a run deletes its folder's files)
         folder = str(Path(machine.offload_dir) / f"grid-{len(out)}")
         own = {"nvme_path": folder} if case.row == S3N else {}
-        choice = dict(matrix.CONFIGS)[case.row]
-        ds = matrix.config_for(choice, info, machine, case.micro_batch, **own)
+        choice = dict(config.STAGE_ROWS)[case.row]
+        ds = config.for_row(choice, info, machine, case.micro_batch, **own)
         est = memory.estimate(
             info,
             ds,
@@ -168,15 +168,15 @@ def plan(machine: env.Environment, smoke: bool, steps: int, nvme: bool):
 
 
 def _verdicts(est: memory.Estimate, machine: env.Environment) -> dict[str, str]:
-    needs = {p: est.total(p) for p in verdict.PLACES}
-    return {p: v.word for p, v in verdict.places(needs, _limits(machine)).items()}
+    needs = {p: est.total(p) for p in memory.PLACES}
+    return {p: v.word for p, v in memory.verdicts(needs, _limits(machine)).items()}
 
 
 def row_for(
     case: Case,
     split: str,
     est: memory.Estimate,
-    result: bench.RunResult,
+    result: runner.RunResult,
     machine: env.Environment,
     steps: int,
 ) -> dict:
@@ -235,9 +235,9 @@ def finished_ids(out: Path, redo_first_step: bool = False) -> set[str]:
     helpers.measurements.first_step_only)."""
     if not out.is_file():
         return set()
-    latest = {r["id"]: r for r in measurements.load(out) if r.get("status") != bench.NOT_TRIED}
+    latest = {r["id"]: r for r in measurements.load(out) if r.get("status") != runner.NOT_TRIED}
     return {i for i, r in latest.items()
-            if not (redo_first_step and r["status"] == bench.OK and measurements.first_step_only(r))}
+            if not (redo_first_step and r["status"] == runner.OK and measurements.first_step_only(r))}
 
 
 def _out_path(parser: argparse.ArgumentParser, value: str | None, needed: bool) -> Path | None:
@@ -257,16 +257,16 @@ def _rows_file(value: str) -> list[dict]:
     path = Path(value)
     if not path.is_file():
         raise argparse.ArgumentTypeError(
-            f"{cli.show(value)}: no such file; give the --out file of a run"
+            f"{cli.quoted(value)}: no such file; give the --out file of a run"
         )
     try:
         rows = measurements.load(path)
     except (ValueError, KeyError) as err:
-        raise argparse.ArgumentTypeError(f"{cli.show(value)}: not JSON lines ({err})") from None
+        raise argparse.ArgumentTypeError(f"{cli.quoted(value)}: not JSON lines ({err})") from None
     bad = [i for i, r in enumerate(rows) if not {"id", "shape", "row", "status", "split"} <= set(r)]
     if not rows or bad:
         raise argparse.ArgumentTypeError(
-            f"{cli.show(value)}: no grid rows (line {bad[0] + 1 if bad else 1} "
+            f"{cli.quoted(value)}: no grid rows (line {bad[0] + 1 if bad else 1} "
             "lacks id, shape, row, status or split)"
         )
     return rows
@@ -278,7 +278,7 @@ def _positive_minutes(value: str) -> float:
     except ValueError:
         minutes = -1.0
     if minutes <= 0:
-        raise argparse.ArgumentTypeError(f"{cli.show(value)}: must be a number of minutes > 0")
+        raise argparse.ArgumentTypeError(f"{cli.quoted(value)}: must be a number of minutes > 0")
     return minutes
 
 
@@ -322,11 +322,11 @@ def run(
         with gate.hold(need):
             elapsed = time.monotonic() - start
             if elapsed + secs / max(1, parallel) > limit_minutes * 60:
-                result = bench.RunResult(
-                    case.id, bench.NOT_TRIED, f"--limit-minutes {limit_minutes:g} reached"
+                result = runner.RunResult(
+                    case.id, runner.NOT_TRIED, f"--limit-minutes {limit_minutes:g} reached"
                 )
             else:
-                spec = bench.RunSpec(
+                spec = runner.RunSpec(
                     ds_config=ds,
                     shape=case.shape,
                     seq_len=case.seq_len,
@@ -336,7 +336,7 @@ def run(
                     label=case.id,
                     timeout_s=int(max(120, 4 * secs)),
                 )
-                result = bench.measure(spec)
+                result = runner.measure(spec)
         row = row_for(case, split, est, result, machine, steps)
         with lock:
             rows.append(row)
@@ -357,6 +357,18 @@ def run(
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         list(pool.map(one, order))
     return rows
+
+
+def merge(new_rows: list[dict], path: str | Path = measurements.MEASUREMENTS) -> int:
+    """Add rows (e.g. a grid's JSON lines) to a measurements file, replacing rows of the same id;
+    rows of cases a grid did not try (no measurement) are left out. Returns how many rows the file
+    holds afterwards."""
+    data = json.loads(Path(path).read_text())
+    # a resumed grid may list an id twice: the last wins
+    latest = {r["id"]: r for r in new_rows if r.get("status") != runner.NOT_TRIED}
+    data["rows"] = [r for r in data["rows"] if r["id"] not in latest] + list(latest.values())
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return len(data["rows"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.merge:
-        total = measurements.merge(args.merge)
-        tried = sum(r["status"] != bench.NOT_TRIED for r in args.merge)
+        total = merge(args.merge)
+        tried = sum(r["status"] != runner.NOT_TRIED for r in args.merge)
         print(
             f"{tried} of {len(args.merge)} rows merged into {measurements.MEASUREMENTS} (the "
             f"others were not tried: nothing measured); {total} rows now"
@@ -422,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run and not args.smoke and not machine.has_gpu:
         machine = config.t4_profile(machine)  # predict as on the GPU the grid is meant for
     parallel = args.parallel or (4 if machine.has_gpu else 1)
-    planned = plan(machine, args.smoke, args.steps, nvme=libaio.available())[: args.max_cases]
+    planned = plan(machine, args.smoke, args.steps, nvme=env.libaio_available())[: args.max_cases]
     done = finished_ids(out, args.redo_first_step) if out and not args.dry_run else set()
     if done:  # a second call with the same --out resumes: cases already recorded are not run again
         print(f"{len(done)} cases already in {out}: resuming with the others")
@@ -437,12 +449,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(dry_run_lines(planned, parallel)))
         return 0
     rows = run(planned, machine, out, args.steps, parallel, args.limit_minutes)
-    ran = [r for r in rows if r["status"] not in (bench.NOT_TRIED,)]
+    ran = [r for r in rows if r["status"] not in (runner.NOT_TRIED,)]
     print(f"{len(ran)} of {len(rows)} cases ran or hit a limit; rows appended to {out}")
     return (
         0
         if all(
-            bench.explained(bench.RunResult(**{k: r[k] for k in ("label", "status", "message")}))
+            runner.explained(runner.RunResult(**{k: r[k] for k in ("label", "status", "message")}))
             for r in rows
         )
         else 1

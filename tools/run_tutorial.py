@@ -75,12 +75,12 @@ def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tup
 
 def left_out() -> list[str]:
     """What this machine cannot run, each with the command that fixes it (printed after the run)."""
-    from helpers import libaio
+    from helpers import env
 
-    if libaio.available():
+    if env.libaio_available():
         return []
     return [f"NVMe offload (ZeRO-Infinity): libaio-dev is missing, so notebooks 05 and 06 report "
-            f"their NVMe rows as not run. To run them: sudo {libaio.LIBAIO_APT}"]
+            f"their NVMe rows as not run. To run them: sudo {env.LIBAIO_APT}"]
 
 
 def default_jobs() -> int:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from helpers import claims, colab, dist, memory
-from helpers import verdict as fit
+from helpers import claims, colab, env, memory
 from helpers.env import Environment
-from helpers.tables import Table
-from helpers.units import GB, GiB
+from helpers.show import Table, GB, GiB
 
 
 def check_gpu_cap(environment: Environment) -> bool | None:
@@ -93,7 +91,7 @@ def check_invariants(environment: Environment) -> list[tuple[str, bool]]:
     checks.append((f"a {environment.precision} matmul on the {device} matches float64 "
                    f"(error {error:.1e} <= {PRECISION_TOL[environment.precision]:g})",
                    error <= PRECISION_TOL[environment.precision]))
-    checks.append(("a one-process distributed group starts on the probed port", dist.dist_roundtrip()))
+    checks.append(("a one-process distributed group starts on the probed port", env.dist_roundtrip()))
     folder = Path(environment.offload_dir)
     checks.append((f"the offload folder {folder} is writable", _writable_folder(folder)))
     if environment.emulation and environment.has_gpu:
@@ -143,10 +141,10 @@ def verdict(environment: Environment) -> list[str]:
         lines.append(f"{label}: {environment.precision} ({bf16}), {ready}.")
     fits, tight = cpu_offload_limits(environment.ram_budget_bytes)
     lines.append(
-        f"{environment.ram_budget_bytes / GB:.1f} GB of RAM: ZeRO-2 CPU offload {fit.FITS} up to "
-        f"about {fits / 1e6:,.0f}M parameters, is {fit.TIGHT} up to {tight / 1e6:,.0f}M (within "
-        f"{fit.MARGIN:.0%} of the budget) and {fit.NO_FIT} beyond (notebook 06 goes further with "
-        "NVMe offload; `python -m helpers.sizing --model <name>` sizes any model)."
+        f"{environment.ram_budget_bytes / GB:.1f} GB of RAM: ZeRO-2 CPU offload {memory.FITS} up to "
+        f"about {fits / 1e6:,.0f}M parameters, is {memory.TIGHT} up to {tight / 1e6:,.0f}M (within "
+        f"{memory.VERDICT_MARGIN:.0%} of the budget) and {memory.NO_FIT} beyond (notebook 06 goes further with "
+        "NVMe offload; `python -m helpers sizing --model <name>` sizes any model)."
     )
     if environment.gpu_count > 1:
         lines.append(
@@ -165,7 +163,7 @@ def verdict(environment: Environment) -> list[str]:
 def cpu_offload_limits(ram_bytes: int) -> tuple[int, int]:
     """(largest parameter count whose ZeRO-2 CPU-offload run "fits", largest that is only "tight")
     in ``ram_bytes`` of host RAM: the estimator's host figure against the three-way verdict."""
-    return (memory.cpu_offload_max_params(int((1 - fit.MARGIN) * ram_bytes)),
+    return (memory.cpu_offload_max_params(int((1 - memory.VERDICT_MARGIN) * ram_bytes)),
             memory.cpu_offload_max_params(ram_bytes))
 
 

@@ -1,4 +1,5 @@
-"""The config builder form of notebook 03: ipywidgets controls over helpers.config and helpers.memory.
+"""Notebook 03, the config builder: its form (ipywidgets controls over helpers.config and
+helpers.memory) and its summary.
 
 Every control change calls :meth:`ConfigForm.refresh`, which calls the same ``config.build``,
 ``config.check`` and ``memory.estimate`` that the plain cells and the tests call; the form only
@@ -10,13 +11,12 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 
-from helpers import config, memory, verdict
+from helpers import config, memory, runner
 from helpers import env as kit_env
+from helpers.show import GiB
 
-BREAK_ENV = "KIT_FORM_BROKEN"  # set to 1 to break the form on purpose (the browser test must then fail)
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
                  ("GPT-2 1.5B", "gpt2-1.5b"), ("SmolLM2-135M-shaped", "smollm2-135m-shaped"),
                  ("SmolLM2-360M-shaped", "smollm2-360m-shaped"), ("Qwen2.5-0.5B-shaped", "qwen2.5-0.5b-shaped"),
@@ -68,9 +68,8 @@ class ConfigForm:
         self.problems: list[config.Problem] = []
         self.estimate: memory.Estimate | None = None
         self.error = ""
-        if os.environ.get(BREAK_ENV) != "1":  # test hook: a form whose callbacks are not wired
-            for control in self.controls.values():
-                control.observe(self.refresh, names="value")
+        for control in self.controls.values():
+            control.observe(self.refresh, names="value")
         self.save_button.on_click(lambda _button: self.save())
         self.refresh()
 
@@ -156,20 +155,20 @@ class ConfigForm:
         if self.estimate is None:
             return "<p>no estimate: fix the error first</p>"
         rows = []
-        needs = {p: self.estimate.total(p) for p in verdict.PLACES}
-        colours = {verdict.FITS: "#2e7d32", verdict.TIGHT: "#ef6c00", verdict.NO_FIT: "#c62828"}
-        for place, v in verdict.places(needs, self.limits()).items():
+        needs = {p: self.estimate.total(p) for p in memory.PLACES}
+        colours = {memory.FITS: "#2e7d32", memory.TIGHT: "#ef6c00", memory.NO_FIT: "#c62828"}
+        for place, v in memory.verdicts(needs, self.limits()).items():
             frac = min(1.0, v.need / v.limit) if v.limit else 0
             bar = (f"<span style='display:block;width:{frac * 100:.0f}%;height:14px;"
                    f"background:{colours[v.word]}'></span>")
             rows.append(f"<div style='margin:2px 0'><span style='display:inline-block;width:80px'>"
-                        f"{verdict.PLACES[place]}</span><span style='display:inline-block;"
+                        f"{memory.PLACES[place]}</span><span style='display:inline-block;"
                         f"width:260px;background:#eee;vertical-align:middle'>{bar}</span> "
                         f"{html.escape(v.sentence().split(': ', 1)[1])}</div>")
         when = self.estimate.phase.get("gpu")
         if when:
             rows.append(f"<div style='font-size:11px;color:#555'>GPU peak: {html.escape(when)}; "
-                        f"'tight' = within {verdict.MARGIN:.0%} of the limit (allocator "
+                        f"'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit (allocator "
                         f"fragmentation, estimate error)</div>")
         return "".join(rows)
 
@@ -212,8 +211,29 @@ def form_checks(form: ConfigForm) -> list[tuple[str, bool]]:
         form.set(precision="auto")
     form.set(model="custom", custom_params=7_000_000_000, stage=0)
     gpu_bar = form.bars.value.split("GPU</span>", 1)[-1].split("</div>", 1)[0]
-    out.append(("a 7B model at stage 0 does not fit the GPU bar", gpu_bar.endswith(verdict.NO_FIT)))
+    out.append(("a 7B model at stage 0 does not fit the GPU bar", gpu_bar.endswith(memory.NO_FIT)))
     form.name.value = "../outside"
     out.append(("a bad file name is refused, nothing written", form.save() is None and "not saved" in form.status.value))
     form.set(**before)
     return out
+
+
+def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environment, mistakes_caught: int,
+                         mistakes: int, measured: runner.RunResult | None, micro_batch: int,
+                         seq_len: int) -> list[str]:
+    """Notebook 03's summary: what the checker caught and what the estimator predicted and measured."""
+    def gpu_of(choice: dict) -> float:
+        ds = config.for_row(choice, model, environment, micro_batch)
+        est = memory.estimate(model, ds, micro_batch=micro_batch, seq_len=seq_len, on_gpu=environment.has_gpu)
+        return est.total("gpu" if environment.has_gpu else "cpu") / GiB
+
+    place = "GPU" if environment.has_gpu else "host RAM (no GPU here)"
+    lines = [f"The checker caught {mistakes_caught} of {mistakes} common mistakes, each at its key with the fix.",
+             f"{model.name} ({model.n_params / 1e6:,.0f}M parameters) at {micro_batch} x {seq_len}: predicted "
+             f"{place} {gpu_of({'stage': 0}):.2f} GiB at stage 0, {gpu_of({'stage': 2}):.2f} at stage 2, "
+             f"{gpu_of({'stage': 2, 'offload_optimizer': 'cpu'}):.2f} at stage 2 with CPU offload."]
+    if measured is not None and measured.status == runner.OK:
+        peak = measured.peak_gpu_allocated_bytes if environment.has_gpu else measured.peak_host_rss_bytes
+        lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
+    lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
+    return lines

@@ -1,5 +1,6 @@
-"""Training with the Hugging Face Trainer and DeepSpeed inside a notebook (no launcher), with a
-callback that records every step, saving in Hugging Face format, reloading, and resuming.
+"""Notebook 04, ZeRO-2 training: the Hugging Face Trainer and DeepSpeed inside a notebook (no
+launcher), with a callback that records every step, saving in Hugging Face format, reloading, and
+resuming; and what each ZeRO stage partitions, drawn for your model (the last section).
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from helpers import claims, dist
+from helpers import claims, config, memory
 from helpers import env as kit_env
-from helpers.tables import Table
-from helpers.units import GiB
+from helpers.show import Table, GiB
 
 OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
 #: Largest logit difference allowed between the trained model and its reload from disk.
@@ -135,7 +135,7 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
     from helpers import deepspeed_fixes
 
     deepspeed_fixes.apply_all()
-    dist.setup_single_process_dist()
+    kit_env.setup_single_process_dist()
     precision = precision or kit_env.describe().precision
     seq_len = seq_len or len(dataset[0]["input_ids"])
     callback = MetricsCallback(micro_batch * seq_len, fail_at_step=fail_at_step)
@@ -310,3 +310,68 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     model.train(was_training)
     return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
+
+
+# ---- what each ZeRO stage partitions, drawn for your model ---------------------------------------
+#: What ZeRO partitions, drawn before anything trains: for one model and N ranks, the bytes each
+#: GPU holds of parameters, gradients and optimizer states under stages 0-3, and what offload moves
+#: to host RAM or NVMe. The numbers come from the kit's own estimator (helpers.memory.estimate),
+#: model states only (activations are the same for every stage and are left out here).
+
+
+STATE_KINDS = ("params", "grads", "optimizer")
+
+
+def model_states(model: memory.ModelInfo, world_size: int) -> dict[str, dict[str, dict[str, int]]]:
+    """{config: {place: {kind: bytes}}} for parameters, gradients and optimizer states per rank."""
+    out = {}
+    for label, choice in config.STAGE_ROWS:
+        ds = config.for_row(choice, model, None, 1, world_size, precision="fp16", pin_memory=False,
+                               nvme_path="/tmp/zero_kit_offload")
+        est = memory.estimate(model, ds, world_size=world_size, micro_batch=1, seq_len=1, grad_ckpt=True,
+                              zero_init=choice["stage"] == 3)
+        out[label] = {place: {k: est.parts.get(place, {}).get(k, 0) for k in STATE_KINDS}
+                      for place in ("gpu", "cpu", "nvme")}
+    return out
+
+
+def states_table(model: memory.ModelInfo, world_size: int) -> Table:
+    """Bytes per parameter each rank keeps on its GPU, and what goes to host RAM and NVMe."""
+    rows = []
+    for label, places in model_states(model, world_size).items():
+        per = lambda place: sum(places[place].values()) / model.n_params
+        rows.append((label, *(f"{places['gpu'][k] / model.n_params:.1f}" for k in STATE_KINDS), f"{per('gpu'):.1f}",
+                     f"{per('gpu') * model.n_params / GiB:.2f}", f"{per('cpu'):.1f}", f"{per('nvme'):.1f}"))
+    return Table(["config", "params B/param", "grads B/param", "optimizer B/param", "GPU B/param",
+                  "GPU GiB per rank", "host B/param", "NVMe B/param"], rows,
+                 title=f"Model states of {model.name or 'this model'} ({model.n_params / 1e6:,.0f}M parameters) "
+                       f"per rank, {world_size} ranks, mixed precision")
+
+
+def states_figure(model: memory.ModelInfo, world_size: int):
+    """Stacked bars: per rank on the GPU (parameters, gradients, optimizer states), and off it."""
+    import matplotlib.pyplot as plt
+
+    states = model_states(model, world_size)
+    labels = list(states)
+    fig, (gpu_ax, off_ax) = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    colours = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green"}
+    for ax, places, title in ((gpu_ax, ("gpu",), f"on each GPU ({world_size} ranks)"),
+                              (off_ax, ("cpu", "nvme"), "moved off the GPU (host RAM + NVMe)")):
+        left = [0.0] * len(labels)
+        for kind in STATE_KINDS:
+            widths = [sum(states[c][p][kind] for p in places) / GiB for c in labels]
+            ax.barh(labels, widths, left=left, color=colours[kind], label=kind)
+            left = [a + b for a, b in zip(left, widths)]
+        for i, total in enumerate(left):
+            ax.text(total, i, f" {total:.2f} GiB ({total * GiB / model.n_params:.1f} B/param)", va="center",
+                    fontsize=8)
+        ax.set_title(title)
+        ax.set_xlabel("GiB")
+        ax.set_xlim(0, max(max(left) * 1.6, 0.01))
+    gpu_ax.invert_yaxis()
+    gpu_ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"What ZeRO partitions: {model.name or 'the model'}, {model.n_params / 1e6:,.0f}M parameters, "
+                 "fp16 weights + fp32 Adam (16 bytes per parameter in all)")
+    fig.tight_layout()
+    return fig

@@ -1,6 +1,6 @@
-"""Notebook 07's measuring, plotting and checking: one DeepSpeed config trained three ways (the
-engine by hand, Accelerate, the Trainer), a checkpoint resumed, and ZeRO-2 / ZeRO-3 checkpoints
-turned into ``from_pretrained`` folders.
+"""Notebook 07, the engine by hand, then Accelerate: measuring, plotting and checking one DeepSpeed
+config trained three ways (the engine by hand, Accelerate, the Trainer), a checkpoint resumed, and
+ZeRO-2 / ZeRO-3 checkpoints turned into ``from_pretrained`` folders.
 
 The training code itself stands in the notebook's visible ``lesson`` cells, which import no kit
 module; this module only prepares offline files, compares what those cells recorded, and decides
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from helpers import claims
-from helpers.tables import Table
+from helpers.show import Table
 
 
 @dataclass(frozen=True)
@@ -198,16 +198,16 @@ def trainer_first_loss(model_name: str, dataset, args, trainer=None) -> float | 
     import torch
     from transformers import AutoModelForCausalLM, Trainer, default_data_collator
 
-    from helpers import train
+    from helpers.lessons import zero2_training
 
     if trainer is not None:
-        train.free_memory(trainer)
+        zero2_training.free_memory(trainer)
     one_step = dataclasses.replace(args, max_steps=1, output_dir=tempfile.mkdtemp(prefix="kit07_trainer_"))
     model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
     probe = Trainer(model=model, args=one_step, train_dataset=dataset, data_collator=default_data_collator)
     probe.train()
     first = next((log["loss"] for log in probe.state.log_history if "loss" in log), None)
-    train.free_memory(probe)
+    zero2_training.free_memory(probe)
     return first
 
 

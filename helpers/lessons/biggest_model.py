@@ -1,7 +1,8 @@
-"""ZeRO-Infinity for a small machine: a ZeRO-3 + NVMe config derived for a model and a hardware
-budget, a disk-space refusal before training, a disk bandwidth probe, and the model-size ladder of
-notebook 06 (each run through helpers.bench in its own subprocess, killed past the RAM budget as
-Colab would kill the kernel).
+"""Notebook 06, the biggest model on a T4: ZeRO-Infinity for a small machine. A disk-space refusal
+before training, a disk bandwidth probe, the model-size ladder (each run through helpers.runner in
+its own subprocess, killed past the RAM budget as Colab would kill the kernel), and the fine-tune
+of a pretrained model, watched (the last section). The ZeRO-3 + NVMe config sized for a model and
+a RAM budget is helpers.config.zero_infinity.
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import bench, claims, config, memory, units
-from helpers.units import GiB
+from helpers import claims, config, memory, runner, show
+from helpers.show import GiB, Table, GB
 from helpers import env as kit_env
-from helpers.tables import Table
 
 #: NVMe bytes per parameter measured for GPT-2 XL with parameters and optimizer on NVMe (26.3 GiB
 #: for 1.56B: fp16 weights, fp32 master weights, Adam's moments, gradient swap space).
@@ -26,46 +26,6 @@ METHODS: list[tuple[str, dict]] = [
     ("ZeRO-2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
     ("ZeRO-3 + NVMe", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
 ]
-
-
-def nvme_config(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
-                nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1) -> dict:
-    """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
-
-    Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
-    distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
-    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget (a
-    sub-group's fp32 weights, gradients and moments pass through RAM together: 1/32 of the model
-    keeps that near 1 GB at 1.5B parameters; the embedding, one parameter, stays a group of its own).
-    """
-    tight = environment.ram_budget_bytes < config.PIN_MEMORY_MIN_RAM
-    sub_group = int(min(1e8, max(1e6, model.n_params // 32)))
-    return config.build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
-                        world_size=world_size, trainer=False, environment=environment,
-                        nvme_path=nvme_path, pin_memory=not tight,
-                        largest_param_numel=model.largest_param_numel, sub_group_size=sub_group,
-                        max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
-                        param_persistence_threshold=int(1e5), **schedule(model, steps))
-
-
-#: fp16's first loss scale on the ladder: the kit's short-run scale (see config.SHORT_RUN_SCALE_POWER).
-LADDER_SCALE_POWER = config.SHORT_RUN_SCALE_POWER
-#: The width whose GPT-3 rate the short ladder keeps as it is (GPT-2 small's); wider ones scale down.
-REFERENCE_WIDTH = 768
-
-
-def schedule(model: memory.ModelInfo, steps: int) -> dict:
-    """The ladder's learning rate, warmed up over the whole short run from a tenth of its peak.
-
-    The peak is GPT-3's rate for the model's size (config.learning_rate_for) times
-    (REFERENCE_WIDTH / hidden)**2 for models wider than GPT-2 small. GPT-3's rates assume batches
-    of 0.5-1M tokens and thousands of warmup steps; the ladder takes 5 steps of 2,048 tokens, where
-    Adam's first steps move every weight by about the rate. Measured at 1.5B (T4 emulation): a step
-    at 2e-5 took the loss from 11.17 to 7.11, one at about 9e-5 raised it from 7.05 to 8.49. The
-    scaled peaks are 1.7e-4 at 355M, 4.6e-5 at 1.5B and 1.8e-5 at 2.7B; 124M keeps 1e-3."""
-    width = min(1.0, REFERENCE_WIDTH / model.hidden) ** 2
-    return {"lr": config.learning_rate_for(model.n_params) * width, "warmup_steps": max(1, steps),
-            "initial_scale_power": LADDER_SCALE_POWER}
 
 
 def nvme_bytes_needed(model: memory.ModelInfo) -> int:
@@ -111,7 +71,7 @@ def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
-    bench.log_record({"probe": "disk", "path": str(folder), "megabytes": megabytes,
+    runner.report({"probe": "disk", "path": str(folder), "megabytes": megabytes,
                       "write_mb_s": write, "read_mb_s": read})
     return write, read
 
@@ -129,7 +89,7 @@ class Rung:
 
     shape: str
     method: str
-    result: bench.RunResult
+    result: runner.RunResult
     n_params: int
 
 
@@ -147,9 +107,9 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
-        skip = lambda status, why: rungs.append(Rung(shape, method, bench.RunResult(method, status, why), info.n_params))
+        skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why), info.n_params))
         if method in stopped and not (shape == headline and choice["stage"] == 0):
-            skip(bench.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
+            skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
             continue
         past_headline = headline is None or (headline in shapes and shapes.index(shape) > shapes.index(headline))
         if budget_minutes is not None and past_headline and method in last:
@@ -157,30 +117,30 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
             predicted = wall * info.n_params / n
             elapsed = time.perf_counter() - start
             if elapsed + predicted > 60 * budget_minutes:
-                skip(bench.NOT_TRIED, f"would take about {predicted / 60:.0f} min (the last size took {wall / 60:.1f}), "
+                skip(runner.NOT_TRIED, f"would take about {predicted / 60:.0f} min (the last size took {wall / 60:.1f}), "
                                   f"past the ladder's budget of {budget_minutes:g} min: raise LADDER_MINUTES to climb further")
                 stopped.add(method)
                 continue
         if "nvme" in choice.values():
             if not nvme_ready:
-                skip(bench.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
+                skip(runner.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
                 continue
             try:
                 check_disk(info, nvme_path)
             except kit_env.KitSetupError as err:
-                skip(bench.REFUSED_DISK, str(err))
+                skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
                 continue
-            ds = nvme_config(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
+            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
-                              pin_memory=False, **schedule(info, steps))
-        spec = bench.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+                              pin_memory=False, **config.short_run_schedule(info, steps))
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
                              zero_init=choice["stage"] == 3, timeout_s=3600)
-        result = bench.measure(spec)
+        result = runner.measure(spec)
         rungs.append(Rung(shape, method, result, info.n_params))
-        if result.status == bench.OK:
+        if result.status == runner.OK:
             last[method] = (info.n_params, result.wall_s)
         else:
             stopped.add(method)
@@ -189,8 +149,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
 
 def ladder_table(rungs: list[Rung], environment: kit_env.Environment | None = None) -> Table:
     """Every rung: status, peaks, step time, loss; the title says where it was measured."""
-    rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method, *bench.result_cells(r.result, 90)) for r in rungs]
-    return Table(["model", "parameters", "method", *bench.RESULT_COLUMNS], rows,
+    rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method, *runner.result_cells(r.result, 90)) for r in rungs]
+    return Table(["model", "parameters", "method", *runner.RESULT_COLUMNS], rows,
                  title="The ladder" + (f", {environment.measured_on()}" if environment else ""))
 
 
@@ -198,7 +158,7 @@ def largest_per_method(rungs: list[Rung]) -> dict[str, Rung | None]:
     """The largest size that trained under each method (None when none did)."""
     out: dict[str, Rung | None] = {m: None for m, _ in METHODS}
     for r in rungs:
-        if r.result.status == bench.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
+        if r.result.status == runner.OK and (out[r.method] is None or r.n_params > out[r.method].n_params):
             out[r.method] = r
     return out
 
@@ -210,8 +170,8 @@ def largest_table(rungs: list[Rung]) -> Table:
         if r is None:
             rows.append((method, "none", "-", "-", "-", "-"))
         else:
-            rows.append((method, r.shape, f"{r.n_params / 1e6:,.0f}M", units.seconds(r.result.median_step_s),
-                         units.gib(r.result.peak_gpu_allocated_bytes), units.gib(r.result.peak_host_rss_bytes)))
+            rows.append((method, r.shape, f"{r.n_params / 1e6:,.0f}M", show.seconds(r.result.median_step_s),
+                         show.gib(r.result.peak_gpu_allocated_bytes), show.gib(r.result.peak_host_rss_bytes)))
     return Table(["method", "largest trained", "parameters", "s/step", "GPU GiB", "host RSS GiB"], rows,
                  title="The largest model per method")
 
@@ -232,7 +192,7 @@ def plot_largest(rungs: list[Rung]):
     return fig
 
 
-#: The phases of a run's host RSS (helpers.rss_trace, recorded by helpers.bench), as the table names them.
+#: The phases of a run's host RSS (helpers.runner.PhaseTrace, recorded by every run), as the table names them.
 RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
               ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step")]
 #: What the optimizer step may add to host RSS over forward and backward, per parameter, at most.
@@ -242,12 +202,12 @@ STEP_RISE_BYTES_PER_PARAM = 1.5
 STEP_RISE_FLOOR = 256 * 2**20  # small models: allocator noise, not a per-parameter cost
 
 
-def phase_peaks(result: bench.RunResult) -> dict[str, int]:
+def phase_peaks(result: runner.RunResult) -> dict[str, int]:
     """Peak host RSS per phase of one run (empty when the run recorded none)."""
     return {p["name"]: p["peak_bytes"] for p in result.rss_phases}
 
 
-def step_rise(result: bench.RunResult) -> int | None:
+def step_rise(result: runner.RunResult) -> int | None:
     """How far the optimizer step's RSS peak rose above forward and backward's (None: not recorded)."""
     peaks = phase_peaks(result)
     if "optimizer step" not in peaks or "forward and backward" not in peaks:
@@ -255,7 +215,7 @@ def step_rise(result: bench.RunResult) -> int | None:
     return peaks["optimizer step"] - peaks["forward and backward"]
 
 
-def step_rise_ok(result: bench.RunResult, n_params: int) -> bool:
+def step_rise_ok(result: runner.RunResult, n_params: int) -> bool:
     """The optimizer step's transient stays under :data:`STEP_RISE_BYTES_PER_PARAM` (or the floor)."""
     rise = step_rise(result)
     return rise is not None and rise <= max(STEP_RISE_FLOOR, STEP_RISE_BYTES_PER_PARAM * n_params)
@@ -266,22 +226,22 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
     host RAM went (peak RSS per phase of the run, GiB)."""
     rows = []
     for r in rungs:
-        if r.method != "ZeRO-3 + NVMe" or r.result.status != bench.OK:
+        if r.method != "ZeRO-3 + NVMe" or r.result.status != runner.OK:
             continue
         info = memory.ModelInfo.for_shape(r.shape)
         bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s)
         step = r.result.median_step_s
         peaks = phase_peaks(r.result)
-        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", units.seconds(step), units.seconds(bound),
+        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", show.seconds(step), show.seconds(bound),
                      f"{step / bound:.1f}x" if step and bound else "-",
-                     *(units.gib(peaks.get(name)) for name, _ in RSS_PHASES),
-                     units.gib(r.result.peak_host_rss_bytes or None)))
+                     *(show.gib(peaks.get(name)) for name, _ in RSS_PHASES),
+                     show.gib(r.result.peak_host_rss_bytes or None)))
     return Table(["model", "parameters", "s/step", "disk bound s", "vs bound",
                   *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)"], rows,
                  title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")
 
 
-def starting_loss_ok(result: bench.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
+def starting_loss_ok(result: runner.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
     """The first loss is near ln(vocab), as a freshly initialised model's should be (not ~100)."""
     return bool(result.losses) and abs(result.losses[0] - math.log(vocab)) <= tolerance
 
@@ -304,13 +264,13 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     with ZeRO-3 + NVMe for at least 5 steps with a falling loss, its peak host RSS within the RAM
     budget (and on a GPU its peak within the GPU cap, under T4 emulation); on a GPU the same size
     under stage 0 runs out of GPU memory."""
-    nvme_ok = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == bench.OK]
+    nvme_ok = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
     smallest = rungs[0].shape if rungs else None
     first = [r for r in rungs if r.shape == smallest and "nvme" not in r.method.lower()]
     out = [("every rung ran, or hit a limit, or says why it did not run (no errors)",
-            claims.every(bench.explained(r.result) for r in rungs)),
+            claims.every(runner.explained(r.result) for r in rungs)),
            (f"the smallest size ({smallest}) trained under stage 0 and ZeRO-2 + CPU offload",
-            claims.every(r.result.status == bench.OK for r in first))]
+            claims.every(r.result.status == runner.OK for r in first))]
     if nvme_ready:
         vocab = lambda r: memory.ModelInfo.for_shape(r.shape).vocab
         out += [(f"libaio is ready, so ZeRO-3 + NVMe trained ({len(nvme_ok)} sizes)", bool(nvme_ok)),
@@ -324,7 +284,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
         nvme_rows = [r for r in rungs if r.method == "ZeRO-3 + NVMe"]
         out.append(("libaio is missing, so every ZeRO-3 + NVMe rung is reported as not run here, with"
                     " the command that installs it (no NVMe claim is made)",
-                    bool(nvme_rows) and claims.every(r.result.status == bench.NOT_HERE
+                    bool(nvme_rows) and claims.every(r.result.status == runner.NOT_HERE
                                                      and "libaio" in r.result.message
                                                      for r in nvme_rows)))
     if headline and nvme_ready:
@@ -339,7 +299,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     if headline and environment.has_gpu:
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
         out.append((f"{headline} under stage 0 runs out of GPU memory",
-                    bool(plain and plain.result.status == bench.OOM)))
+                    bool(plain and plain.result.status == runner.OOM)))
         if nvme_ready:
             emulated = environment.emulation
             cap = emulated.gpu_bytes if emulated else (environment.vram_total_bytes or 0)
@@ -353,7 +313,7 @@ def summary(rungs: list[Rung], claims_held: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on a T4 (what notebook 06 compares with nbval)."""
     return "\n".join([
         "methods: " + ", ".join(m for m, _ in METHODS),
-        f"every rung ran or explained itself: {claims.every(bench.explained(r.result) for r in rungs)}",
+        f"every rung ran or explained itself: {claims.every(runner.explained(r.result) for r in rungs)}",
         f"all checks held: {claims.every(held for _, held in claims_held)}",
     ])
 
@@ -368,7 +328,7 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
         gpu = f"{r.result.peak_gpu_allocated_bytes / GiB:.2f} GiB GPU, " if environment.has_gpu else ""
         lines.append(f"{method}: up to {r.shape} ({r.n_params / 1e6:,.0f}M parameters), {gpu}"
                      f"{r.result.peak_host_rss_bytes / GiB:.1f} GiB RAM, {r.result.median_step_s:.2f} s a step.")
-    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == bench.OK]
+    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
     if nvme and phase_peaks(nvme[-1].result):
         top = nvme[-1]
         peaks, rise = phase_peaks(top.result), step_rise(top.result) or 0
@@ -376,9 +336,164 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
                      f" GiB once built, {peaks.get('deepspeed.initialize', 0) / GiB:.1f} GiB after "
                      f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
                      f"backward ({rise / top.n_params:.2f} bytes/param).")
-    stopped = [r for r in rungs if r.result.status not in (bench.OK, bench.NOT_TRIED)]
+    stopped = [r for r in rungs if r.result.status not in (runner.OK, runner.NOT_TRIED)]
     if stopped:
         first = stopped[0]
         lines.append(f"The first limit hit: {first.shape} under {first.method}: {first.result.status}.")
     lines.append("Next: 07 · the DeepSpeed engine by hand and Accelerate: the same config without the Trainer.")
     return lines
+
+
+# ---- the fine-tune, watched ----------------------------------------------------------------------
+#: Notebook 06's fine-tune, watched: the learner's own cells load a pretrained model under ZeRO-3,
+#: train it with ZeRO-Infinity's offload, evaluate, save and reload; this module only measures around
+#: them (host RAM of the kernel, GPU memory, time), reads fp16 overflow, and holds the checks.
+#:
+#: The fine-tune runs in the notebook's kernel, as it will in the learner's own notebook, so its host
+#: RAM is the kernel's: sampled from before the weights load, through ``deepspeed.initialize`` and
+#: every step, with the kernel's high-water mark (``getrusage``) read at the end where it rose.
+
+
+#: Reloaded 16-bit weights give the trained model's logits up to this much (fp32 runs: 1e-3).
+RELOAD_TOL = {"fp32": 1e-3, "bf16": 0.1, "fp16": 5e-2}
+#: More skipped optimizer steps than this share of the run is not fp16's normal start.
+MAX_SKIPPED_SHARE = 0.5
+
+
+@dataclass
+class FinetuneRun:
+    """What the watch saw: losses and step times from the learner's loop, memory from the kit."""
+
+    losses: list[float]
+    step_seconds: list[float]
+    skipped_steps: int
+    tokens_per_step: int
+    wall_s: float
+    peak_host_rss_bytes: int
+    peak_gpu_allocated_bytes: int | None
+    offload: str = ""  # where the engine put the optimizer's states, as DeepSpeed reports it
+    trace: list[dict] = field(default_factory=list)
+
+    @property
+    def median_step_s(self) -> float:
+        ordered = sorted(self.step_seconds)
+        return ordered[len(ordered) // 2] if ordered else math.nan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.median_step_s if self.step_seconds else math.nan
+
+
+class Watch:
+    """Started before the model loads: the kernel's RSS is sampled from then on (and its
+    high-water mark read at the end), GPU peak memory counted from zero."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._trace = runner.PhaseTrace(interval_s=0.1)
+        self._trace.enter("fine-tune")
+        self._cuda = torch.cuda.is_available()
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def stop(self, wall_s: float, losses: list[float], step_seconds: list[float], skipped_steps: int,
+             tokens_per_step: int, engine=None) -> FinetuneRun:
+        """The run as measured; ``losses`` and ``step_seconds`` come from the learner's loop, the
+        offload device from ``engine`` (DeepSpeed's own reading of the config)."""
+        import torch
+
+        phases = self._trace.stop()  # its peak takes the kernel's high-water mark where it rose
+        peak = max(p["peak_bytes"] for p in phases)
+        gpu = torch.cuda.max_memory_allocated() if self._cuda else None
+        return FinetuneRun(list(losses), list(step_seconds), int(skipped_steps), tokens_per_step,
+                           wall_s, peak, gpu, offload_of(engine), phases)
+
+
+def offload_of(engine) -> str:
+    """The device DeepSpeed offloads the optimizer's states to ("nvme", "cpu", "none"), as the
+    engine itself reads its config ("" without an engine)."""
+    offload = engine.zero_offload_optimizer() if engine is not None else None
+    device = getattr(offload, "device", None)
+    return str(getattr(device, "value", device) or ("none" if engine is not None else ""))
+
+
+def overflow_advice(run: FinetuneRun, precision: str, steps: int) -> str:
+    """One line on fp16 overflow: how many optimizer steps were skipped, and what to do if many."""
+    if precision != "fp16":
+        return f"{precision}: no loss scaling, no step skipped for overflow."
+    if run.skipped_steps <= MAX_SKIPPED_SHARE * steps:
+        return (f"fp16: {run.skipped_steps} of {steps} optimizer steps skipped for overflow (the loss"
+                " scale finding its level; a few at the start are normal).")
+    return (f"fp16: {run.skipped_steps} of {steps} optimizer steps were skipped for overflow, so the"
+            " model barely trained. Checkpoints trained in bf16 can overflow fp16: lower"
+            " fp16.initial_scale_power (12 -> 8), lower LR, or pick a checkpoint trained in fp16;"
+            " on a GPU of capability 8.0 or more, train in bf16.")
+
+
+def finetune_table(run: FinetuneRun, environment: kit_env.Environment, eval_before: float,
+              eval_after: float, offload: str) -> Table:
+    """The fine-tune in one table: memory, time, throughput, held-out loss before and after."""
+    gpu = "-" if run.peak_gpu_allocated_bytes is None else f"{run.peak_gpu_allocated_bytes / GiB:.2f} GiB"
+    hours_per_m = 1e6 / run.tokens_per_s / 3600 if run.tokens_per_s > 0 else math.nan
+    rows = [("offload (parameters and optimizer)", offload),
+            ("peak GPU memory (allocated)", gpu),
+            ("peak host RAM of this kernel", f"{run.peak_host_rss_bytes / GB:.2f} GB "
+             f"(budget {environment.ram_budget_bytes / GB:.1f} GB)"),
+            ("median seconds per optimizer step", f"{run.median_step_s:.2f}"),
+            ("tokens per second", f"{run.tokens_per_s:,.0f}"),
+            ("hours per million training tokens", f"{hours_per_m:.2f}"),
+            ("steps skipped for fp16 overflow", str(run.skipped_steps)),
+            ("held-out loss before / after", f"{eval_before:.4f} / {eval_after:.4f}")]
+    return Table(["measured", "value"], rows, title="The fine-tune, as this run measured it")
+
+
+def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, logit_diff: float,
+           precision: str, environment: kit_env.Environment) -> list[claims.Claim]:
+    """The fine-tune's claims, each able to fail: the training loss falls (the shared rule), the
+    held-out loss falls, most optimizer steps were taken (not skipped for overflow), the reloaded
+    folder gives the trained logits, and host RAM stayed within the budget (GPU memory within the
+    cap under T4 emulation)."""
+    steps = len(run.losses)
+    tol = RELOAD_TOL.get(precision, RELOAD_TOL["fp16"])
+    out = [claims.loss_falls_claim("fine-tune", run.losses),
+           (f"the held-out loss fell ({eval_before:.4f} -> {eval_after:.4f})",
+            math.isfinite(eval_after) and eval_after < eval_before),
+           (f"at most {MAX_SKIPPED_SHARE:.0%} of the {steps} optimizer steps skipped for fp16 overflow"
+            f" ({run.skipped_steps})", steps > 0 and run.skipped_steps <= MAX_SKIPPED_SHARE * steps),
+           (f"the reloaded folder gives the trained model's logits (within {tol:g})",
+            math.isfinite(logit_diff) and logit_diff <= tol),
+           (f"peak host RAM of the kernel within the {environment.ram_budget_bytes / GB:.1f} GB budget",
+            0 < run.peak_host_rss_bytes <= environment.ram_budget_bytes)]
+    emulated = environment.emulation
+    if environment.has_gpu and emulated is not None:
+        out.append((f"peak GPU memory within {emulated.gpu_bytes / GiB:.1f} GiB (T4 emulation)",
+                    0 < (run.peak_gpu_allocated_bytes or 0) <= emulated.gpu_bytes))
+    return out
+
+
+def finetune_takeaways(run: FinetuneRun, eval_before: float, eval_after: float, logit_diff: float,
+              info, offload: str) -> list[str]:
+    """The fine-tune's summary lines, each figure from this run."""
+    gpu = ("" if run.peak_gpu_allocated_bytes is None
+           else f"{run.peak_gpu_allocated_bytes / GiB:.2f} GiB of GPU, ")
+    size = (f"{info.n_params / 1e9:.2f}B" if info.n_params >= 1e9 else f"{info.n_params / 1e6:,.1f}M")
+    return [f"Fine-tuned {size} parameters (every one, full Adam) with ZeRO-3 and"
+            f" {offload} offload: {gpu}{run.peak_host_rss_bytes / GB:.1f} GB of host RAM at the"
+            f" kernel's peak, {run.median_step_s:.1f} s per optimizer step"
+            f" ({run.tokens_per_s:,.0f} tokens/s).",
+            f"Held-out loss {eval_before:.3f} -> {eval_after:.3f}; the saved 16-bit folder reloads"
+            f" with logits within {logit_diff:.1e} of the trained model's.",
+            f"1,000 such steps would take about {1000 * run.median_step_s / 3600:.1f} hours at this"
+            " pace: the disk's bandwidth sets it, and gradient accumulation spreads each step's"
+            " NVMe traffic over more tokens."]
+
+
+def finetune_summary(run: FinetuneRun, nvme_ready: bool, claims_held: list[claims.Claim]) -> str:
+    """Facts that read the same on a CPU and on a T4 (notebook 06's checked output)."""
+    expected = "nvme" if nvme_ready else "cpu"
+    return "\n".join([
+        "the engine offloaded the optimizer to NVMe where libaio is ready, else to the CPU: "
+        f"{run.offload == expected}",
+        f"fine-tune checks held: {claims.every(held for _, held in claims_held)}",
+    ])

@@ -2,28 +2,23 @@
 parallelism (AutoTP) on 2 GPUs (2 gloo CPU ranks without a GPU), each run in a fresh subprocess
 (``torchrun`` for 2 ranks) that returns one JSON file per rank; the refusals DeepSpeed makes
 (ZeRO-2/3 with a pipeline, ZeRO-3 with native MoE) caught and explained; checks that fail on a
-bad run. The model code the runs execute is ``helpers.parallel_models`` (shown in the notebook).
-
-    python -m helpers.parallel --worker <spec.json>     # one rank of one run (the runner starts it)
+bad run. The model code the runs execute is its last section, shown in the notebook.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-from helpers import bench, claims, dist, matrix, units
+import torch
+from torch import nn
+
+from helpers import claims, runner, show
 from helpers import env as kit_env
-from helpers.tables import Table
+from helpers.show import Table
+from helpers.lessons import stages_and_offload
 
 KINDS = ("dense", "pipeline", "moe", "autotp", "refusals")
 
@@ -112,9 +107,7 @@ def global_tokens(spec: ParallelSpec) -> int:
 
 
 def _shape(spec: ParallelSpec):
-    from helpers import parallel_models as pm
-
-    return pm.GPTShape(spec.layers, spec.width, spec.heads, spec.vocab, spec.seq_len)
+    return GPTShape(spec.layers, spec.width, spec.heads, spec.vocab, spec.seq_len)
 
 
 def _start(spec: ParallelSpec) -> bool:
@@ -124,10 +117,10 @@ def _start(spec: ParallelSpec) -> bool:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        kit_env.apply_emulation(kit_env.resolve_emulation(), kit_env._gpu_facts())
+        kit_env.emulate()  # KIT_EMULATE, as the parent set it: the same GPU cap here
     else:  # one thread per rank, as torchrun gives each CPU rank: 1 and 2 ranks compare fairly
         torch.set_num_threads(1)
-    dist.setup_single_process_dist()
+    kit_env.setup_single_process_dist()
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         import torch.distributed as torch_dist
 
@@ -171,9 +164,7 @@ def _mean_over_ranks(value: float, device) -> float:
 
 
 def _held(engine, result: dict) -> None:
-    from helpers import accounting
-
-    result.update({k: v for k, v in accounting.held_bytes(engine).items() if k != "grads_bytes"})
+    result.update({k: v for k, v in runner.held_bytes(engine).items() if k != "grads_bytes"})
     result["n_params"] = sum(p.numel() for p in engine.module.parameters())
 
 
@@ -206,18 +197,16 @@ def _train(spec: ParallelSpec, result: dict) -> None:
     import deepspeed
     import torch
 
-    from helpers import parallel_models as pm
-
     cuda = _start(spec)
     rank = int(os.environ.get("RANK", "0"))
     shape = _shape(spec)
     dp = spec.data_parallel()
-    config = pm.engine_config(spec.micro_batch, spec.micro_batches // dp, spec.stage,
+    config = engine_config(spec.micro_batch, spec.micro_batches // dp, spec.stage,
                               spec.precision, spec.lr, spec.warmup, spec.tensor_parallel,
                               optimizer=spec.kind != "moe")
     busy: list[float] = []
     if spec.kind == "pipeline":
-        model = pm.pipeline_model(shape, spec.stages, spec.seed)
+        model = pipeline_model(shape, spec.stages, spec.seed)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=config)
         result["stage_id"], result["layers"] = engine.stage_id, [
@@ -226,8 +215,8 @@ def _train(spec: ParallelSpec, result: dict) -> None:
         dp_rank = 0
     elif spec.kind == "moe":
         torch.manual_seed(spec.seed)
-        model = pm.MoEGPT(shape, spec.experts, spec.ep_size)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=pm.moe_optimizer(model, spec.lr),
+        model = MoEGPT(shape, spec.experts, spec.ep_size)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=moe_optimizer(model, spec.lr),
                                           config=config)
         dp_rank = rank
         _moe_facts(spec, model, result)
@@ -240,7 +229,7 @@ def _train(spec: ParallelSpec, result: dict) -> None:
                                           config=config)
         dp_rank = 0  # every rank of a tensor-parallel group sees the same batch
     else:
-        model = pm.dense_model(shape, spec.seed)
+        model = dense_model(shape, spec.seed)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=config)
         dp_rank = rank
@@ -251,9 +240,9 @@ def _train(spec: ParallelSpec, result: dict) -> None:
         busy.append(0.0)
         start = time.perf_counter()
         if spec.kind == "pipeline":
-            loss = pm.train_pipeline_step(engine, mine)  # already the mean of every micro-batch
+            loss = train_pipeline_step(engine, mine)  # already the mean of every micro-batch
         else:
-            out = pm.train_step(engine, mine, spec.aux_coef, hugging_face=spec.kind == "autotp")
+            out = train_step(engine, mine, spec.aux_coef, hugging_face=spec.kind == "autotp")
             loss = _mean_over_ranks(out["loss"], engine.device)
             if out["aux"] is not None:
                 aux.append(_mean_over_ranks(out["aux"], engine.device))
@@ -293,24 +282,22 @@ def _refusals(spec: ParallelSpec, result: dict) -> None:
     import deepspeed
     import torch
 
-    from helpers import parallel_models as pm
-
     _start(spec)
-    shape = pm.GPTShape(1, 64, 2, spec.vocab, spec.seq_len)  # the refusal comes before any step
+    shape = GPTShape(1, 64, 2, spec.vocab, spec.seq_len)  # the refusal comes before any step
     found = []
     for name in REFUSALS:
         stage = 2 if "ZeRO-2" in name else 3
-        config = pm.engine_config(spec.micro_batch, 1, stage, spec.precision, spec.lr, spec.warmup,
+        config = engine_config(spec.micro_batch, 1, stage, spec.precision, spec.lr, spec.warmup,
                                   optimizer=not name.startswith("MoE"))
         try:
             if name.startswith("pipeline"):
-                model = pm.pipeline_model(shape, stages=1, seed=spec.seed)
+                model = pipeline_model(shape, stages=1, seed=spec.seed)
                 deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                      config=config)
             else:
                 torch.manual_seed(spec.seed)
-                model = pm.MoEGPT(shape, spec.experts, ep_size=1)
-                deepspeed.initialize(model=model, optimizer=pm.moe_optimizer(model, spec.lr),
+                model = MoEGPT(shape, spec.experts, ep_size=1)
+                deepspeed.initialize(model=model, optimizer=moe_optimizer(model, spec.lr),
                                      config=config)
             found.append({"combination": name, "refused": False, "error": ""})
         except Exception as err:  # the refusal we came for (or another error: the check says)
@@ -320,90 +307,45 @@ def _refusals(spec: ParallelSpec, result: dict) -> None:
     result["refusals"] = found
 
 
-def _worker(spec_path: str) -> int:
-    raw = json.loads(Path(spec_path).read_text())
-    out_dir = Path(raw.pop("out_dir"))
-    spec = ParallelSpec(**raw)
-    rank = int(os.environ.get("RANK", "0"))
-    result: dict = {"rank": rank, "status": bench.ERROR, "message": ""}
-    try:
-        (_refusals if spec.kind == "refusals" else _train)(spec, result)
-        result["status"] = bench.OK
-    except BaseException as err:  # every failure comes back as JSON; the parent explains it
-        result["status"] = bench.OOM if kit_env.is_out_of_memory(err) else bench.ERROR
-        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-        result["message"] = f"{type(err).__name__}: {' | '.join(lines[:3])}"[:500]
-    finally:
-        (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-    return 0 if result["status"] == bench.OK else 3
+#: The entry point each rank of a notebook 08 run starts at (helpers.runner runs it).
+RANK_ENTRY = "helpers.lessons.beyond_data_parallelism:run_rank"
+
+
+def run_rank(payload: dict, result: dict) -> None:
+    """One rank of one run, inside its subprocess: the refusals, or a run to train and measure."""
+    spec = ParallelSpec(**payload)
+    (_refusals if spec.kind == "refusals" else _train)(spec, result)
 
 
 # ---- the parent ----------------------------------------------------------------------------------
 
 
-def not_here(spec: ParallelSpec, why: str) -> bench.RunResult:
+def not_here(spec: ParallelSpec, why: str) -> runner.RunResult:
     """A run that was not started, and why (one GPU: nothing to split across)."""
-    return bench.RunResult(spec.label, bench.NOT_HERE, why, world_size=spec.world_size)
+    return runner.RunResult(spec.label, runner.NOT_HERE, why, world_size=spec.world_size)
 
 
-def measure(spec: ParallelSpec) -> bench.RunResult:
-    """Run ``spec`` in a fresh subprocess (``torchrun`` for 2 ranks); every rank's JSON comes
-    back in ``ranks``. A spec that cannot run is refused in one line (ValueError)."""
+def measure(spec: ParallelSpec) -> runner.RunResult:
+    """Run ``spec`` in a fresh subprocess (``torchrun`` for 2 ranks, through helpers.runner);
+    every rank's JSON comes back in ``ranks``. A spec that cannot run is refused in one line
+    (ValueError)."""
     bad = spec.problems()
     if bad:
         raise ValueError(f"{spec.label or spec.kind}: " + "; ".join(bad))
-    result = _run_once(spec)
-    return _run_once(spec) if bench._port_clash(result) else result
-
-
-def _run_once(spec: ParallelSpec) -> bench.RunResult:
-    import psutil
-
-    work = Path(tempfile.mkdtemp(prefix="kit_parallel_"))
-    spec_path = work / "spec.json"
-    spec_path.write_text(json.dumps({**asdict(spec), "out_dir": str(work)}))
-    worker = ["-m", "helpers.parallel", "--worker", str(spec_path)]
-    cmd = [sys.executable, *worker] if spec.world_size == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-        str(spec.world_size), "--master-addr", "127.0.0.1", "--master-port", str(dist.free_port()),
-        *worker]
-    log_path = work / "log.txt"
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=str(kit_env.REPO_ROOT),
-                                env=bench._child_env(spec.world_size, spec.force_cpu),
-                                start_new_session=True)
-        watched, peak_rss, timed_out = psutil.Process(proc.pid), 0, False
-        while proc.poll() is None:
-            peak_rss = max(peak_rss, bench._tree_rss(watched))
-            if time.perf_counter() - start > spec.timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                timed_out = True
-            time.sleep(0.1)
-    ranks = sorted((json.loads(p.read_text()) for p in work.glob("rank*.json")),
-                   key=lambda r: r["rank"])
-    result = bench.RunResult(spec.label or spec.kind, bench.ERROR, world_size=spec.world_size,
-                             peak_host_rss_bytes=peak_rss, wall_s=time.perf_counter() - start)
-    if timed_out:
-        result.status, result.message = bench.TIMEOUT, f"stopped after {spec.timeout_s} s"
-    elif not ranks:
-        result.message = (bench._last_error(log_path.read_text(errors="replace"))
-                          or f"exit code {proc.returncode}")
-    else:
-        merge(result, ranks, spec)
-    shutil.rmtree(work, ignore_errors=True)
-    bench.log_record({"shape": spec.kind, **asdict(result)})
+    result = runner.run_ranks(asdict(spec), RANK_ENTRY, spec.world_size, spec.label or spec.kind,
+                              timeout_s=spec.timeout_s, force_cpu=spec.force_cpu,
+                              merge=lambda result, ranks: merge(result, ranks, spec),
+                              work_prefix="kit_parallel_")
+    runner.report({"shape": spec.kind, **asdict(result)})
     return result
 
 
-def merge(result: bench.RunResult, ranks: list[dict], spec: ParallelSpec) -> bench.RunResult:
+def merge(result: runner.RunResult, ranks: list[dict], spec: ParallelSpec) -> runner.RunResult:
     """Fill a result from the ranks' JSON: status (every rank ok), rank 0's losses and step
     times (losses are already the mean over ranks), tokens/s, the largest GPU peak, all ranks."""
-    bad = [r for r in ranks if r.get("status") != bench.OK]
-    result.status = (bench.OK if not bad and len(ranks) == spec.world_size
-                     else bad[0]["status"] if bad else bench.ERROR)
+    bad = [r for r in ranks if r.get("status") != runner.OK]
+    result.status = (runner.OK if not bad and len(ranks) == spec.world_size
+                     else bad[0]["status"] if bad else runner.ERROR)
     result.message = bad[0].get("message", "") if bad else (
         "" if len(ranks) == spec.world_size
         else f"{len(ranks)} of {spec.world_size} ranks reported")
@@ -427,7 +369,7 @@ def merge(result: bench.RunResult, ranks: list[dict], spec: ParallelSpec) -> ben
 
 def two_rank_note(environment: kit_env.Environment) -> tuple[bool, str]:
     """(can 2-rank runs go here, why): 2 GPUs, or 2 CPU ranks without a GPU; not on 1 GPU."""
-    where, why = matrix.two_rank_plan(environment)
+    where, why = stages_and_offload.two_rank_plan(environment)
     return where is not None, why
 
 
@@ -441,7 +383,7 @@ def _run_all(specs: list[tuple[ParallelSpec, bool]], why: str, progress: bool) -
 
 
 def pipeline_runs(base: ParallelSpec, environment: kit_env.Environment,
-                  progress: bool = True) -> dict[str, bench.RunResult]:
+                  progress: bool = True) -> dict[str, runner.RunResult]:
     """The same GPT, data and seed: on 1 rank, data parallel on 2 (ZeRO-1), a 2-stage pipeline
     (ZeRO-1), and the pipeline again with 1 micro-batch per step (the bubble at its largest)."""
     two, why = two_rank_note(environment)
@@ -455,7 +397,7 @@ def pipeline_runs(base: ParallelSpec, environment: kit_env.Environment,
 
 
 def moe_runs(base: ParallelSpec, environment: kit_env.Environment,
-             progress: bool = True) -> dict[str, bench.RunResult]:
+             progress: bool = True) -> dict[str, runner.RunResult]:
     """The MoE GPT (ZeRO-2) with all experts on 1 rank, then spread over 2 (ep_size=2)."""
     two, why = two_rank_note(environment)
     moe = replace(base, kind="moe", stage=2)
@@ -465,7 +407,7 @@ def moe_runs(base: ParallelSpec, environment: kit_env.Environment,
 
 
 def tp_runs(base: ParallelSpec, environment: kit_env.Environment,
-            progress: bool = True) -> dict[str, bench.RunResult]:
+            progress: bool = True) -> dict[str, runner.RunResult]:
     """A Hugging Face Llama-shaped model (ZeRO-2) on 1 rank, then split by AutoTP over 2."""
     two, why = two_rank_note(environment)
     tp = replace(base, kind="autotp", stage=2)
@@ -477,14 +419,14 @@ def tp_runs(base: ParallelSpec, environment: kit_env.Environment,
 # ---- checks --------------------------------------------------------------------------------------
 
 
-def _ok(runs: dict, label: str) -> bench.RunResult | None:
+def _ok(runs: dict, label: str) -> runner.RunResult | None:
     r = runs.get(label)
-    return r if r is not None and r.status == bench.OK else None
+    return r if r is not None and r.status == runner.OK else None
 
 
-def _losses_claim(label: str, run: bench.RunResult | None, base: bench.RunResult | None,
+def _losses_claim(label: str, run: runner.RunResult | None, base: runner.RunResult | None,
                   environment: kit_env.Environment) -> claims.Claim:
-    first, every = matrix.loss_tolerance(environment)
+    first, every = stages_and_offload.loss_tolerance(environment)
     a, b = (base.losses if base else []), (run.losses if run else [])
     held = (bool(a) and len(a) == len(b) and claims.within(b[0], a[0], first)
             and claims.every(claims.within(y, x, every) for x, y in zip(a, b)))
@@ -494,10 +436,10 @@ def _losses_claim(label: str, run: bench.RunResult | None, base: bench.RunResult
 
 def _ran_or_explained(runs: dict) -> claims.Claim:
     return ("every run ran, or says why it did not (no errors)",
-            claims.every(bench.explained(r) for r in runs.values()))
+            claims.every(runner.explained(r) for r in runs.values()))
 
 
-def _split_claim(label: str, run: bench.RunResult | None, whole: int,
+def _split_claim(label: str, run: runner.RunResult | None, whole: int,
                  share_max: float) -> list[claims.Claim]:
     """Each of 2 ranks holds at most ``share_max`` of the whole model's parameters."""
     held = [r.get("n_params") or 0 for r in (run.ranks if run else [])]
@@ -508,8 +450,8 @@ def _split_claim(label: str, run: bench.RunResult | None, whole: int,
              whole > 0 and claims.every(0 < h <= share_max * whole for h in held))]
 
 
-def _gpu_split_claim(label: str, run: bench.RunResult | None,
-                     base: bench.RunResult | None) -> claims.Claim:
+def _gpu_split_claim(label: str, run: runner.RunResult | None,
+                     base: runner.RunResult | None) -> claims.Claim:
     peaks = [r.get("peak_gpu_allocated_bytes") or 0 for r in (run.ranks if run else [])]
     whole = base.peak_gpu_allocated_bytes if base else None
     return (f"{label}: every GPU peaks below the 1-GPU run's peak",
@@ -522,7 +464,7 @@ def pipeline_checks(runs: dict, environment: kit_env.Environment) -> list[claims
     base = _ok(runs, BASE)
     out = [_ran_or_explained(runs), (f"{BASE} ran", base is not None),
            claims.loss_falls_claim(BASE, base.losses if base else [])]
-    if runs.get(PIPE) and runs[PIPE].status == bench.NOT_HERE:
+    if runs.get(PIPE) and runs[PIPE].status == runner.NOT_HERE:
         return out
     pipe, data_parallel = _ok(runs, PIPE), _ok(runs, DP)
     whole = base.n_params if base else 0
@@ -557,7 +499,7 @@ def moe_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Clai
                     tokens_seen(run) > 0 and claims.every(
                         tokens_routed(run, layer) == tokens_seen(run)
                         for layer in range(len(run.ranks[0].get("expert_counts") or [])))))
-    if runs.get(MOE_2) and runs[MOE_2].status == bench.NOT_HERE:
+    if runs.get(MOE_2) and runs[MOE_2].status == runner.NOT_HERE:
         return out
     two = _ok(runs, MOE_2)
     solo = one.ranks[0] if one else {}
@@ -579,7 +521,7 @@ def tp_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Claim
     one = _ok(runs, TP_1)
     out = [_ran_or_explained(runs), (f"{TP_1} ran", one is not None),
            claims.loss_falls_claim(TP_1, one.losses if one else [])]
-    if runs.get(TP_2) and runs[TP_2].status == bench.NOT_HERE:
+    if runs.get(TP_2) and runs[TP_2].status == runner.NOT_HERE:
         return out
     two = _ok(runs, TP_2)
     out += _split_claim(TP_2, two, one.n_params if one else 0, 0.8)
@@ -589,12 +531,12 @@ def tp_checks(runs: dict, environment: kit_env.Environment) -> list[claims.Claim
     return out
 
 
-def refusal_checks(result: bench.RunResult) -> list[claims.Claim]:
+def refusal_checks(result: runner.RunResult) -> list[claims.Claim]:
     """Each combination of :data:`REFUSALS` was refused with DeepSpeed's expected words: a check
     that fails the day DeepSpeed accepts one (or refuses it for another reason)."""
     found = {r["combination"]: r for r in (result.ranks[0].get("refusals", [])
                                            if result.ranks else [])}
-    out = [("the refusal run came back", result.status == bench.OK and bool(found))]
+    out = [("the refusal run came back", result.status == runner.OK and bool(found))]
     for name, (words, _) in REFUSALS.items():
         got = found.get(name, {})
         out.append((f"{name}: DeepSpeed refuses it ({words!r})",
@@ -605,10 +547,10 @@ def refusal_checks(result: bench.RunResult) -> list[claims.Claim]:
 # ---- figures derived from the runs ---------------------------------------------------------------
 
 
-def idle_fraction(run: bench.RunResult | None) -> float | None:
+def idle_fraction(run: runner.RunResult | None) -> float | None:
     """The share of a pipeline step a stage spent outside forward and backward (waiting for the
     other stage, sending, the optimizer step), the busiest stage's, steps after the first."""
-    if run is None or run.status != bench.OK:
+    if run is None or run.status != runner.OK:
         return None
     shares = []
     for r in run.ranks:
@@ -623,18 +565,18 @@ def bubble_theory(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def tokens_routed(run: bench.RunResult, layer: int) -> int:
+def tokens_routed(run: runner.RunResult, layer: int) -> int:
     """Tokens the gates of one MoE layer assigned over the run, all ranks together."""
     return sum(sum(counts[layer]) for r in run.ranks
                if len(counts := r.get("expert_counts") or []) > layer)
 
 
-def tokens_seen(run: bench.RunResult) -> int:
+def tokens_seen(run: runner.RunResult) -> int:
     """Tokens that entered each MoE layer over the run, all ranks together."""
     return sum(r.get("tokens") or 0 for r in run.ranks)
 
 
-def expert_tokens(run: bench.RunResult) -> list[int]:
+def expert_tokens(run: runner.RunResult) -> list[int]:
     """Tokens each expert received over the run (all layers, all ranks)."""
     totals: list[int] = []
     for r in run.ranks:
@@ -643,7 +585,7 @@ def expert_tokens(run: bench.RunResult) -> list[int]:
     return totals
 
 
-def moe_sizes(run: bench.RunResult | None, experts: int) -> dict[str, int]:
+def moe_sizes(run: runner.RunResult | None, experts: int) -> dict[str, int]:
     """Parameters of the MoE GPT as one rank with all experts counted them: all of them, and
     those one token passes through (top-1: the dense part plus one expert of each layer), which
     sets the compute per token. Empty when the run did not come back."""
@@ -727,18 +669,18 @@ def three_d_figure():
     return fig
 
 
-def refusal_table(result: bench.RunResult) -> Table:
+def refusal_table(result: runner.RunResult) -> Table:
     """Each combination tried, whether DeepSpeed refused it, its words and the kit's why."""
     found = {r["combination"]: r for r in (result.ranks[0].get("refusals", [])
                                            if result.ranks else [])}
     rows = [(name, found.get(name, {}).get("refused"), found.get(name, {}).get("error") or
-             units.status_cell(result.status, result.message, bench.OK, 80), why)
+             show.status_cell(result.status, result.message, runner.OK, 80), why)
             for name, (_, why) in REFUSALS.items()]
     return Table(["combination", "refused", "DeepSpeed says", "why (the kit's explanation)"], rows,
                  title="Combinations DeepSpeed refuses (tried in a fresh process, errors caught)")
 
 
-def _per_rank(run: bench.RunResult, key: str, fmt=lambda v: f"{v:,}") -> str:
+def _per_rank(run: runner.RunResult, key: str, fmt=lambda v: f"{v:,}") -> str:
     values = [r.get(key) for r in run.ranks]
     return " / ".join("-" if v is None else fmt(v) for v in values) or "-"
 
@@ -751,13 +693,13 @@ def runs_table(runs: dict, title: str, environment: kit_env.Environment) -> Tabl
         idle = idle_fraction(r)
         m = r.ranks[0].get("micro_batches") if r.ranks and label.startswith("pipeline") else None
         theory = f"{bubble_theory(2, m):.0%}" if m else "-"
-        rows.append((label, units.status_cell(r.status, r.message, bench.OK, 70), r.world_size,
+        rows.append((label, show.status_cell(r.status, r.message, runner.OK, 70), r.world_size,
                      _per_rank(r, "n_params"),
-                     _per_rank(r, "peak_gpu_allocated_bytes", units.gib) if environment.has_gpu
-                     else "-", units.seconds(r.median_step_s),
+                     _per_rank(r, "peak_gpu_allocated_bytes", show.gib) if environment.has_gpu
+                     else "-", show.seconds(r.median_step_s),
                      "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
                      "-" if idle is None else f"{idle:.0%} (theory {theory})",
-                     units.loss_cell(r.losses, 4)))
+                     show.loss_cell(r.losses, 4)))
     return Table(["run", "status", "ranks", "parameters per rank", "peak GPU GiB per rank",
                   "s/step", "tokens/s", "idle share of a step", "loss first -> last"], rows,
                  title=f"{title}, {environment.measured_on()}")
@@ -767,22 +709,22 @@ def moe_table(runs: dict) -> Table:
     """Per rank: the experts it holds, expert and dense parameters, tokens its experts got."""
     rows = []
     for label, r in runs.items():
-        totals = expert_tokens(r) if r.status == bench.OK else []
+        totals = expert_tokens(r) if r.status == runner.OK else []
         for x in r.ranks:
             held = x.get("experts_held") or []
             rows.append((label, x.get("rank"), ", ".join(map(str, held)) or "-",
                          f"{x.get('expert_params') or 0:,}", f"{x.get('dense_params') or 0:,}",
                          sum(totals[i] for i in held if i < len(totals)),
-                         units.loss_cell(x.get("aux_losses") or [], 3)))
+                         show.loss_cell(x.get("aux_losses") or [], 3)))
         if not r.ranks:
-            rows.append((label, "-", units.status_cell(r.status, r.message, bench.OK, 60),
+            rows.append((label, "-", show.status_cell(r.status, r.message, runner.OK, 60),
                          "-", "-", "-", "-"))
     return Table(["run", "rank", "experts held", "expert params", "dense params",
                   "tokens its experts got", "aux loss first -> last"], rows,
                  title="Mixture of experts: who holds what, who computes what")
 
 
-def plot_expert_tokens(run: bench.RunResult | None, title: str = ""):
+def plot_expert_tokens(run: runner.RunResult | None, title: str = ""):
     """Tokens per expert over the run (all layers): the load the auxiliary loss balances."""
     import matplotlib.pyplot as plt
 
@@ -808,10 +750,10 @@ def plot_memory_speed(runs: dict, environment: kit_env.Environment):
     """Per rank: peak GPU GiB on GPUs, else parameters held (millions); and tokens/s per run."""
     import matplotlib.pyplot as plt
 
-    done = {k: r for k, r in runs.items() if r.status == bench.OK}
+    done = {k: r for k, r in runs.items() if r.status == runner.OK}
     fig, (mem, speed) = plt.subplots(1, 2, figsize=(11, 3.4))
     key = "peak_gpu_allocated_bytes" if environment.has_gpu else "n_params"
-    scale = units.GiB if environment.has_gpu else 1e6
+    scale = show.GiB if environment.has_gpu else 1e6
     labels, x = list(done), 0
     for i, (label, r) in enumerate(done.items()):
         for j, rank in enumerate(r.ranks):
@@ -833,13 +775,13 @@ def plot_memory_speed(runs: dict, environment: kit_env.Environment):
 
 def loss_curves(*sections: dict):
     """Every run's losses, one line each: layouts of the same model should lie on top."""
-    from helpers import plots
+
 
     curves = {label: r.losses for runs in sections for label, r in runs.items() if r.losses}
-    return plots.loss_curves(curves, "Loss per step: each layout against its 1-rank run")
+    return show.loss_curves(curves, "Loss per step: each layout against its 1-rank run")
 
 
-def takeaways(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
+def takeaways(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
               environment: kit_env.Environment, experts: int) -> list[str]:
     """Notebook 08's summary, each figure from this run."""
     where = "GPU" if environment.has_gpu else "CPU rank (gloo; no GPU here)"
@@ -884,7 +826,7 @@ def takeaways(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
     return lines
 
 
-def summary(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
+def summary(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
             all_claims: list[claims.Claim]) -> str:
     """Facts that read the same on a CPU and on 2 GPUs (notebook 08's checked output)."""
     runs = {**pipe, **moe, **tp}
@@ -893,21 +835,212 @@ def summary(pipe: dict, moe: dict, tp: dict, refused: bench.RunResult,
     return "\n".join([
         "runs: " + " | ".join(runs),
         "every run ran or explained itself: "
-        f"{claims.every(bench.explained(r) for r in runs.values())}",
+        f"{claims.every(runner.explained(r) for r in runs.values())}",
         "DeepSpeed refused: " + (" | ".join(said) or "nothing"),
         f"all checks held: {claims.every(held for _, held in all_claims)}",
     ])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``--worker <spec.json>``: one rank of one run, as :func:`measure` starts it."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) == 2 and args[0] == "--worker":
-        return _worker(args[1])
-    print("usage: python -m helpers.parallel --worker <spec.json> (helpers.parallel.measure "
-          "starts it; notebook 08 runs everything)", file=sys.stderr)
-    return 2
+# ---- the models and training steps the runs execute (only torch and DeepSpeed) -------------------
+#: The code a learner writes for notebook 08, in one place: a small GPT as a list of layers, the
+#: same layers as a ``deepspeed.pipe.PipelineModule`` and as a plain model, a GPT whose MLPs are
+#: ``deepspeed.moe.layer.MoE`` layers, and the three training steps (``engine.train_batch`` for the
+#: pipeline, the engine loop with gradient accumulation for the others). Notebook 08 prints each
+#: piece beside the call that runs it (``helpers.show.Source``); the runs above execute them in
+#: subprocesses, one per rank. Only torch and DeepSpeed, no kit imports: it reads as a user's script.
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@dataclass(frozen=True)
+class GPTShape:
+    """Sizes of the small GPT: layers, width, heads, vocabulary, context."""
+
+    layers: int = 4
+    width: int = 64
+    heads: int = 2
+    vocab: int = 257
+    seq_len: int = 64
+
+
+class Embed(nn.Module):
+    """Token plus learned position embeddings: the first pipeline stage starts here."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(shape.vocab, shape.width)
+        self.positions = nn.Embedding(shape.seq_len, shape.width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+
+
+def mlp(width: int) -> nn.Module:
+    """GPT's MLP (4x wider, GELU): a block's feed-forward, and one expert of an MoE layer."""
+    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then the MLP (or an MoE layer)."""
+
+    def __init__(self, shape: GPTShape, feed_forward: nn.Module | None = None) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(shape.width), nn.LayerNorm(shape.width)
+        self.attn = nn.MultiheadAttention(shape.width, shape.heads, batch_first=True)
+        self.ff = feed_forward if feed_forward is not None else mlp(shape.width)
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
+        h = self.ln1(x)
+        return x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attend(x)
+        return x + self.ff(self.ln2(x))
+
+
+class Head(nn.Module):
+    """Final norm and the output projection to the vocabulary: the last stage ends here."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(shape.width)
+        self.out = nn.Linear(shape.width, shape.vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy: position i predicts token i + 1."""
+    vocab = logits.shape[-1]
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(),
+                                       labels[:, 1:].reshape(-1))
+
+
+def layer_specs(shape: GPTShape) -> list:
+    """The GPT as a flat list of ``LayerSpec``: a pipeline cuts it between two layers. A spec is
+    built only on the stage that owns it, so no rank ever holds the whole model."""
+    from deepspeed.pipe import LayerSpec
+
+    return [LayerSpec(Embed, shape), *[LayerSpec(Block, shape) for _ in range(shape.layers)],
+            LayerSpec(Head, shape)]
+
+
+def pipeline_model(shape: GPTShape, stages: int, seed: int = 0):
+    """The GPT as a ``PipelineModule`` of ``stages`` stages, cut so that each stage holds about
+    the same number of parameters. Layer i is initialised from seed ``seed + i`` wherever it is
+    built, so the plain model of :func:`dense_model` starts from the same weights."""
+    from deepspeed.pipe import PipelineModule
+
+    return PipelineModule(layers=layer_specs(shape), num_stages=stages, loss_fn=lm_loss,
+                          partition_method="parameters", seed_layers=True, base_seed=seed,
+                          # DeepSpeed 0.19.8 seeds Python's `random` with a numpy integer, which
+                          # Python 3.11+ refuses (TypeError): seed torch ourselves.
+                          seed_fn=lambda s: torch.manual_seed(int(s)))
+
+
+class DenseGPT(nn.Sequential):
+    """The same layers as one ordinary model (data parallel, one GPU): returns the loss."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return lm_loss(super().forward(ids), ids)
+
+
+def dense_model(shape: GPTShape, seed: int = 0) -> DenseGPT:
+    """The pipeline's layers built in one process, each from the seed the pipeline gives it."""
+    layers = []
+    for i, spec in enumerate(layer_specs(shape)):
+        torch.manual_seed(seed + i)
+        layers.append(spec.build())
+    return DenseGPT(*layers)
+
+
+def train_pipeline_step(engine, micro_batches: list[torch.Tensor]) -> float:
+    """One optimizer step of the pipeline: ``train_batch`` pulls gradient_accumulation_steps
+    micro-batches from the iterator (inputs on the first stage, labels on the last), runs the
+    1F1B schedule and the optimizer, and returns the mean loss on every stage."""
+    loss = engine.train_batch(data_iter=iter([(ids, ids) for ids in micro_batches]))
+    return float(loss)
+
+
+def train_step(engine, micro_batches: list[torch.Tensor], aux_coef: float = 0.0,
+               hugging_face: bool = False) -> dict:
+    """One optimizer step of an ordinary engine over this rank's micro-batches (gradient
+    accumulation: DeepSpeed scales each loss and steps at the boundary). A model that returns
+    (loss, aux_loss, expert_counts), as :class:`MoEGPT` does, has its load-balancing loss added
+    with weight ``aux_coef``; a Hugging Face model gets ``labels`` and returns its own loss.
+    Returns this rank's mean loss, mean aux loss and expert counts."""
+    losses, aux_losses, counts = [], [], None
+    for ids in micro_batches:
+        ids = ids.to(engine.device)
+        out = engine(input_ids=ids, labels=ids).loss if hugging_face else engine(ids)
+        loss, aux, used = out if isinstance(out, tuple) else (out, None, None)
+        engine.backward(loss + aux_coef * aux if aux is not None else loss)
+        engine.step()  # an optimizer step only at the accumulation boundary
+        losses.append(float(loss))
+        if aux is not None:
+            aux_losses.append(float(aux))
+            counts = used if counts is None else [  # per layer, per expert
+                [x + y for x, y in zip(a, b)] for a, b in zip(counts, used)]
+    return {"loss": sum(losses) / len(losses),
+            "aux": sum(aux_losses) / len(aux_losses) if aux_losses else None, "counts": counts}
+
+
+class MoEGPT(nn.Module):
+    """The GPT with every MLP replaced by a ``deepspeed.moe.layer.MoE`` layer of ``experts``
+    copies of that MLP and a top-1 gate. ``ep_size`` GPUs share the experts (each holds
+    experts / ep_size); tokens travel to their expert's GPU and back by all-to-all."""
+
+    def __init__(self, shape: GPTShape, experts: int, ep_size: int, capacity_factor: float = 1.25):
+        from deepspeed.moe.layer import MoE
+
+        super().__init__()
+        self.embed, self.head = Embed(shape), Head(shape)
+        self.blocks = nn.ModuleList(
+            Block(shape, MoE(hidden_size=shape.width, expert=mlp(shape.width), num_experts=experts,
+                             ep_size=ep_size, k=1, capacity_factor=capacity_factor, min_capacity=4,
+                             # tokens past an expert's capacity are dropped by position, not at
+                             # random: every layout drops the same ones
+                             use_rts=False))
+            for _ in range(shape.layers))
+
+    def forward(self, ids: torch.Tensor):
+        x, aux, counts = self.embed(ids), 0.0, []
+        for block in self.blocks:
+            x = block.attend(x)
+            y, layer_aux, layer_counts = block.ff(block.ln2(x))  # MoE returns three things
+            x, aux = x + y, aux + layer_aux
+            counts.append(layer_counts.tolist())  # tokens the gate sent to each expert
+        return lm_loss(self.head(x), ids), aux / len(self.blocks), counts
+
+
+def moe_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW with expert parameters in their own groups: ZeRO reduces expert gradients only
+    among the ranks that hold the same experts, and it finds them by these groups."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "parameters"})
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
+
+
+def engine_config(micro_batch: int, accumulation: int, stage: int, precision: str, lr: float,
+                  warmup: int, tensor_parallel: int = 1, optimizer: bool = True) -> dict:
+    """The DeepSpeed config of every run of notebook 08. ``tensor_parallel`` > 1 adds AutoTP:
+    DeepSpeed shards the Hugging Face model's linear layers over that many GPUs at initialize."""
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": 1.0,
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
+                                                     "warmup_num_steps": warmup}},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 1_000_000,
+    }
+    if optimizer:  # else the client passes one (MoE: expert parameter groups)
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0}}
+    if tensor_parallel > 1:
+        config["tensor_parallel"] = {"autotp_size": tensor_parallel}
+    return config

@@ -1,0 +1,745 @@
+"""The runner: every training run the kit measures, in a fresh process with 1 rank or N
+(``torchrun``), each rank's result back as JSON. The only module that starts training runs.
+
+A fresh process per run means a re-run cell never inherits leaked GPU memory, a used port or a
+half-initialised process group. The parent watches the whole process tree's host RSS (and can
+kill it past a RAM budget, as Colab's out-of-memory killer would), and the disk used by NVMe files.
+Each rank runs an entry point, ``"module:function"`` called as ``function(payload, result)``:
+:func:`train_rank` (a kit model and a DeepSpeed config, :class:`RunSpec`) unless a caller names
+its own (notebook 08's pipeline, MoE and AutoTP runs). Also here: what a rank holds (bytes of
+parameters, gradients and optimizer states) and where its host RAM goes (:class:`PhaseTrace`),
+and the stage and offload rows run one after another (:func:`run_matrix`).
+
+    python -m helpers bench --shape gpt2-124m --stage 2 --offload-optimizer cpu --steps 5
+    python -m helpers matrix --world-size 2 --shape gpt2-355m --micro-batch 4 --seq-len 512
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from helpers import config as kit_config
+from helpers import memory, show
+from helpers import env as kit_env
+from helpers.show import Table
+
+OK, OOM, KILLED_RAM, TIMEOUT, ERROR = "ok", kit_env.OUT_OF_GPU_MEMORY, "killed for host RAM", "timeout", "error"
+NOT_HERE, NOT_TRIED, REFUSED_DISK = "not here", "not tried", "refused: disk"
+#: Outcomes a table may show: a run that went, a limit it hit, or a reason it was not started.
+#: "error" and "timeout" are not among them: they mean something broke.
+EXPLAINED = (OK, OOM, KILLED_RAM, NOT_HERE, NOT_TRIED, REFUSED_DISK)
+#: Where finished runs are reported: ``"module:function"``, called with one dict per run (its
+#: result and model shape) or probe (:func:`report`). Unset: nobody listens. The GPU record run
+#: sets it to tools/run_log.py's ``append`` (GPU_RUNS.md), since nbval keeps no notebook output.
+REPORT_ENV = "KIT_REPORT_TO"
+#: The entry point of the kit's own runs: :func:`train_rank`.
+TRAIN_ENTRY = "helpers.runner:train_rank"
+
+
+@dataclass
+class RunSpec:
+    """What to run: a GPT-2-shaped model, a DeepSpeed config, and the sizes of the batches."""
+
+    ds_config: dict
+    shape: str = "tiny"
+    vocab_size: int | None = None  # None: GPT-2's 50257
+    seq_len: int = 64
+    micro_batch: int = 2
+    steps: int = 4
+    grad_ckpt: bool = False
+    seed: int = 0
+    world_size: int = 1
+    label: str = ""
+    gpu_cap_bytes: int | None = None  # cap GPU memory for this run (tests provoke OOM with it)
+    ram_limit_bytes: int | None = None  # kill the run when its process tree's RSS passes this
+    timeout_s: int = 1800
+    zero_init: bool = False  # ZeRO-3: build the model partitioned (low host RAM; other random init than stage 0)
+    force_cpu: bool = False  # hide the GPUs: DeepSpeed's CPU accelerator, gloo between ranks
+
+    def __post_init__(self) -> None:
+        """The DeepSpeed config carries the micro batch and the world size: a spec that says
+        otherwise would measure another run than it names, and is refused (ValueError)."""
+        if why := memory.batch_disagreement(self.ds_config, self.micro_batch, self.world_size):
+            raise ValueError(f"RunSpec {self.label or self.shape!r}: {why}: build the config with the "
+                             "spec's micro batch and world size (helpers.config.build)")
+
+
+@dataclass
+class RunResult:
+    """The JSON a run returns. Byte counts are per rank; peaks are the largest over ranks."""
+
+    label: str
+    status: str
+    message: str = ""
+    world_size: int = 1
+    n_params: int = 0
+    steps_done: int = 0
+    losses: list[float] = field(default_factory=list)
+    loss_scales: list[float] = field(default_factory=list)
+    skipped_steps: int = 0
+    step_times_s: list[float] = field(default_factory=list)
+    median_step_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_reserved_bytes: int | None = None
+    peak_host_rss_bytes: int = 0
+    peak_nvme_bytes: int = 0
+    wall_s: float = 0.0
+    ranks: list[dict] = field(default_factory=list)
+    rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
+
+
+# ---- the worker (inside the subprocess) ------------------------------------------------------------------
+
+
+def _oom_message(text: str, cap_bytes: int | None = None) -> str:
+    """CUDA's out-of-memory text names the real card's capacity (139 GiB on an H200 emulating a
+    T4); say instead what was asked for, what was held, and the limit this run had."""
+    import re
+
+    import torch
+
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]iB)", text)
+    msg = "CUDA out of memory" + (f": tried to allocate {asked.group(1)}" if asked else "")
+    if "(simulated" in text:
+        msg += " (simulated on CPU)" if "on CPU" in text else " (simulated)"
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        held = torch.cuda.memory_allocated(device) / show.GiB
+        emulated = kit_env.resolve_emulation()
+        limit = min(b for b in (cap_bytes, emulated and emulated.gpu_bytes,
+                                torch.cuda.get_device_properties(device).total_memory) if b)
+        msg += f" with {held:.2f} GiB in use, limit {limit / show.GiB:.1f} GiB"
+    return msg
+
+
+def entry_point(name: str) -> Callable:
+    """The function ``"module:function"`` names (a rank's entry point, or :data:`REPORT_ENV`'s)."""
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def worker(spec_path: str) -> int:
+    """One rank of one run (``python -m helpers worker <spec.json>``, as :func:`run_ranks` starts
+    it): the entry point runs, and every failure comes back as JSON for the parent to explain."""
+    payload = json.loads(Path(spec_path).read_text())
+    out_dir, entry = Path(payload.pop("out_dir")), payload.pop("entry")
+    rank = int(os.environ.get("RANK", "0"))
+    result: dict = {"rank": rank, "status": ERROR, "message": ""}
+    try:
+        entry_point(entry)(payload, result)
+        result["status"] = OK
+    except BaseException as err:  # report every failure as JSON; the parent explains it
+        result["status"] = OOM if kit_env.is_out_of_memory(err) else ERROR
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        result["message"] = (_oom_message(str(err), payload.get("gpu_cap_bytes")) if result["status"] == OOM else
+                             f"{type(err).__name__}: {' | '.join(l.strip() for l in lines[:3])}"[:500])
+    finally:
+        (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    return 0 if result["status"] == OK else 3
+
+
+def train_rank(payload: dict, result: dict) -> None:
+    """The kit's entry point (:data:`TRAIN_ENTRY`): :func:`train_steps` on a :class:`RunSpec`, with
+    this rank's host RSS per phase and its own RSS peak in ``result``."""
+    trace = PhaseTrace()
+    trace.enter("imports, process group")
+    try:
+        train_steps(RunSpec(**payload), result, trace)
+    finally:
+        result["rss_phases"] = trace.stop()
+        high = high_water_bytes()  # this rank's own peak, where it passed the parent's
+        result["rss_high_water_bytes"] = high if high > trace.inherited_high_water else None
+
+
+def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) -> None:
+    """The engine loop every measured run executes, in its subprocess: notebook 07's lesson
+    (``deepspeed.initialize``, then ``engine(batch)``, ``engine.backward(loss)``, ``engine.step()``)
+    with the kit's measurements around it (bytes each rank holds, step times, peak GPU memory, and
+    ``trace``'s host RSS per phase)."""
+    enter = trace.enter if trace else (lambda phase: None)
+    import torch
+
+    from helpers import data, models
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        kit_env.emulate()  # KIT_EMULATE, as the parent set it: the same GPU cap here
+        if spec.gpu_cap_bytes:
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_cap_bytes / total))
+    kit_env.setup_single_process_dist()
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # One rank needs no rendezvous: an in-process store, so no port can be taken by another run.
+        import torch.distributed as torch_dist
+
+        torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    import deepspeed
+
+    from helpers import deepspeed_fixes
+
+    deepspeed_fixes.apply_all()
+    config = dict(spec.ds_config)
+    model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
+    keep_alive = None
+    if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
+        # Partitioned construction with HF's weight init (a bare zero.Init started at loss ~100).
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive = HfDeepSpeedConfig(config)
+    enter("model built")
+    model = models.build_model(model_config, seed=spec.seed)
+    if spec.grad_ckpt:
+        model.gradient_checkpointing_enable()
+    enter("deepspeed.initialize")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    tokenizer = models.ByteTokenizer()
+    corpus = data.offline_corpus(max(50_000, spec.seq_len * spec.micro_batch * (spec.steps + 2) * 2), seed=spec.seed)
+    rank = int(os.environ.get("RANK", "0"))
+    steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
+    losses, times, scales = [], [], []
+    for step, batch in enumerate(steps):
+        batch = batch.to(engine.device)
+        start = time.perf_counter()
+        enter("forward and backward")
+        loss = engine(input_ids=batch, labels=batch).loss
+        engine.backward(loss)
+        if step == 0:
+            result["grads_bytes"] = held_bytes(engine)["grads_bytes"]
+        enter("optimizer step")
+        engine.step()
+        if step == 0:  # Adam's moments exist after the first step
+            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.item()))
+        scale = getattr(engine.optimizer, "loss_scale", None)
+        scales.append(float(scale) if isinstance(scale, (int, float)) else float(getattr(scale, "item", lambda: 1.0)()))
+    result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
+                  skipped_steps=int(getattr(engine, "skipped_steps", 0)))
+    if cuda:
+        result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    del keep_alive
+
+
+# ---- the parent -------------------------------------------------------------------------------------------
+
+
+def _tree_rss(proc) -> int:
+    import psutil
+
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _folder_bytes(path: str | None) -> int:
+    if not path or not os.path.isdir(path):
+        return 0
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def nvme_path(config: dict) -> str | None:
+    """The NVMe offload folder a config writes to, if any."""
+    zero = config.get("zero_optimization", {})
+    for key in ("offload_param", "offload_optimizer"):
+        if zero.get(key, {}).get("device") == "nvme":
+            return zero[key].get("nvme_path")
+    return None
+
+
+def with_nvme_folder(config: dict, folder: str) -> dict:
+    """A copy of ``config`` whose NVMe offload (parameters and optimizer) swaps into ``folder``."""
+    out = json.loads(json.dumps(config))
+    zero = out.get("zero_optimization", {})
+    for key in ("offload_param", "offload_optimizer"):
+        if (zero.get(key) or {}).get("device") == "nvme":
+            zero[key]["nvme_path"] = folder
+    return out
+
+
+def _child_env(world_size: int, force_cpu: bool = False) -> dict[str, str]:
+    child = dict(os.environ)
+    if force_cpu:
+        child.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        child.pop(key, None)
+    child.setdefault("PYTHONUNBUFFERED", "1")
+    root = str(kit_env.REPO_ROOT)
+    child["PYTHONPATH"] = root + (os.pathsep + child["PYTHONPATH"] if child.get("PYTHONPATH") else "")
+    if world_size == 1:
+        child["MASTER_PORT"] = str(kit_env.free_port())
+    return child
+
+
+def _port_clash(result: RunResult) -> bool:
+    return result.status == ERROR and any(s in result.message for s in ("DistNetworkError", "EADDRINUSE",
+                                                                         "address already in use"))
+
+
+def run(spec: RunSpec, log_path: str | os.PathLike | None = None, entry: str = TRAIN_ENTRY) -> RunResult:
+    """Run ``spec`` in a fresh subprocess (``torchrun`` for world size > 1) and return its result,
+    reported to whoever listens (:func:`report`). ``entry`` is the function each rank runs (the
+    kit's engine loop unless a caller brings its own)."""
+    result = run_ranks(asdict(spec), entry, spec.world_size, spec.label or _label(spec.ds_config),
+                       timeout_s=spec.timeout_s, ram_limit_bytes=spec.ram_limit_bytes,
+                       force_cpu=spec.force_cpu, log_path=log_path, merge=_merge)
+    report({"shape": spec.shape, **asdict(result)})
+    return result
+
+
+def run_ranks(payload: dict, entry: str, world_size: int, label: str, *, timeout_s: int,
+              ram_limit_bytes: int | None = None, force_cpu: bool = False,
+              log_path: str | os.PathLike | None = None,
+              merge: Callable[[RunResult, list[dict]], object] | None = None,
+              work_prefix: str = "kit_bench_") -> RunResult:
+    """Run ``entry`` (``"module:function"``, called as ``function(payload, result)``) in a fresh
+    process, or in ``world_size`` of them under ``torchrun``, and return a :class:`RunResult`: the
+    ranks' JSON passed to ``merge`` (ranks sorted; default: kept as they came), or the limit the run
+    hit (host RAM past ``ram_limit_bytes``, ``timeout_s``, killed by the kernel), or the error its
+    log ends with. A payload with a ``ds_config`` that offloads to NVMe gets its own swap folder.
+
+    A run whose rendezvous port was taken in the moment between probing and binding (another run
+    starting beside it) is started once more on a new port."""
+    once = lambda: _run_once(payload, entry, world_size, label, timeout_s, ram_limit_bytes, force_cpu,
+                             log_path, merge, work_prefix)
+    result = once()
+    return once() if _port_clash(result) else result
+
+
+def _run_once(payload: dict, entry: str, world_size: int, label: str, timeout_s: int,
+              ram_limit_bytes: int | None, force_cpu: bool, log_path: str | os.PathLike | None,
+              merge: Callable[[RunResult, list[dict]], object] | None, work_prefix: str) -> RunResult:
+    import psutil
+
+    work = Path(tempfile.mkdtemp(prefix=work_prefix))
+    nvme = nvme_path(payload.get("ds_config") or {})
+    nvme_existed = bool(nvme) and os.path.exists(nvme)
+    if nvme:
+        # Each run swaps into its own subfolder of the config's nvme_path: DeepSpeed names its
+        # swap files the same in every process, so two runs side by side (pytest workers, two
+        # notebooks, the grid) would overwrite each other's states, and one's clean-up would
+        # delete the other's.
+        nvme = os.path.join(nvme, f"run-{os.getpid()}-{work.name}")
+        payload = {**payload, "ds_config": with_nvme_folder(payload["ds_config"], nvme)}
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps({**payload, "entry": entry, "out_dir": str(work)}))
+    worker_args = ["-m", "helpers", "worker", str(spec_path)]
+    if world_size == 1:
+        cmd = [sys.executable, *worker_args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world_size),
+               "--master-addr", "127.0.0.1", "--master-port", str(kit_env.free_port()), *worker_args]
+    log_file = open(log_path or work / "log.txt", "w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=str(kit_env.REPO_ROOT),
+                            env=_child_env(world_size, force_cpu), start_new_session=True)
+    watched = psutil.Process(proc.pid)
+    peak_rss = peak_nvme = 0
+    forced = ""
+    last_disk = 0.0
+    while proc.poll() is None:
+        peak_rss = max(peak_rss, _tree_rss(watched))
+        if nvme and time.perf_counter() - last_disk > 1.0:
+            peak_nvme, last_disk = max(peak_nvme, _folder_bytes(nvme)), time.perf_counter()
+        if ram_limit_bytes and peak_rss > ram_limit_bytes:
+            forced = KILLED_RAM
+        elif time.perf_counter() - start > timeout_s:
+            forced = TIMEOUT
+        if forced:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
+        time.sleep(0.1)
+    log_file.close()
+    result = RunResult(label=label, status=ERROR, world_size=world_size,
+                       peak_host_rss_bytes=peak_rss, peak_nvme_bytes=peak_nvme, wall_s=time.perf_counter() - start)
+    ranks = sorted((json.loads(p.read_text()) for p in work.glob("rank*.json")), key=lambda r: r.get("rank", 0))
+    log_text = Path(log_path or work / "log.txt").read_text(errors="replace")
+    if forced == KILLED_RAM:
+        result.status = KILLED_RAM
+        result.message = (f"host RSS passed the {ram_limit_bytes / kit_env.GB:.1f} GB budget "
+                          f"({peak_rss / kit_env.GB:.1f} GB): on Colab the kernel would be killed here")
+    elif forced == TIMEOUT:
+        result.status, result.message = TIMEOUT, f"stopped after {timeout_s} s"
+    elif not ranks:
+        result.status = KILLED_RAM if proc.returncode in (-9, 137) else ERROR
+        result.message = ("killed by signal 9, as the kernel's out-of-memory killer does: not enough host RAM"
+                          if result.status == KILLED_RAM else _last_error(log_text) or f"exit code {proc.returncode}")
+    elif merge is not None:
+        merge(result, ranks)
+    else:
+        result.ranks = ranks
+    if nvme:
+        _remove_swap_files(nvme, os.path.dirname(nvme), created=not nvme_existed)
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def report(record: dict) -> None:
+    """Hand one record (a finished run, a disk probe) to the function :data:`REPORT_ENV` names, if
+    set: how a measurement campaign (tools/gpu_record_run.sh) collects what notebooks measured."""
+    if os.environ.get(REPORT_ENV):
+        entry_point(os.environ[REPORT_ENV])(record)
+
+
+def _remove_swap_files(own: str, parent: str, created: bool) -> None:
+    """Delete this run's own swap folder ``own`` (all of it is DeepSpeed's files), never anything
+    else under the config's ``parent`` path; the parent itself only when this run created it and it
+    is empty now."""
+    shutil.rmtree(own, ignore_errors=True)
+    if created:
+        try:
+            os.rmdir(parent)
+        except OSError:
+            pass
+
+
+def _last_error(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error:" in line]
+    return (errors or lines or [""])[-1][:500]
+
+
+def _merge(result: RunResult, ranks: list[dict]) -> None:
+    bad = [r for r in ranks if r["status"] != OK]
+    first = ranks[0]
+    if bad:
+        result.status = OOM if any(r["status"] == OOM for r in bad) else ERROR
+        result.message = bad[0]["message"]
+    else:
+        result.status = OK
+    result.n_params = first.get("n_params", 0)
+    result.losses = first.get("losses", [])
+    result.loss_scales = first.get("loss_scales", [])
+    result.skipped_steps = first.get("skipped_steps", 0)
+    result.steps_done = first.get("steps_done", 0)
+    result.step_times_s = first.get("step_times_s", [])
+    result.rss_phases = first.get("rss_phases", [])
+    timed = result.step_times_s[1:] or result.step_times_s
+    if timed:
+        result.median_step_s = sorted(timed)[len(timed) // 2]
+    peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
+    result.peak_gpu_allocated_bytes = max(peaks) if peaks else None
+    reserved = [r.get("peak_gpu_reserved_bytes") for r in ranks if r.get("peak_gpu_reserved_bytes") is not None]
+    result.peak_gpu_reserved_bytes = max(reserved) if reserved else None
+    keys = ("rank", "params_bytes", "grads_bytes", "optimizer_bytes", "params_gpu_bytes", "optimizer_gpu_bytes",
+            "peak_gpu_allocated_bytes", "rss_high_water_bytes")
+    result.ranks = [{k: r.get(k) for k in keys} for r in ranks]
+
+
+def explained(result: RunResult) -> bool:
+    """The run went, hit a limit (GPU memory, host RAM), or was not started for a stated reason."""
+    return result.status in EXPLAINED and (result.status == OK or bool(result.message))
+
+
+def tokens_per_step(spec: RunSpec) -> int:
+    return spec.micro_batch * spec.seq_len * spec.world_size
+
+
+def finish(result: RunResult, spec: RunSpec) -> RunResult:
+    """Fill the derived figures (tokens/s) once a run is back."""
+    if result.median_step_s:
+        result.tokens_per_s = tokens_per_step(spec) / result.median_step_s
+    return result
+
+
+def measure(spec: RunSpec, log_path: str | os.PathLike | None = None) -> RunResult:
+    """:func:`run` plus the derived figures: the call notebooks use."""
+    return finish(run(spec, log_path), spec)
+
+
+def _label(config: dict) -> str:
+    zero = config.get("zero_optimization", {})
+    label = f"stage {zero.get('stage', 0)}"
+    for key, short in (("offload_optimizer", "opt"), ("offload_param", "param")):
+        device = zero.get(key, {}).get("device", "none")
+        if device != "none":
+            label += f" + {short}->{device}"
+    return label
+
+
+#: The columns of :func:`result_cells`, for tables that show runs.
+RESULT_COLUMNS = ["status", "peak GPU GiB", "peak host RSS GiB", "NVMe GiB", "s/step", "tokens/s", "loss"]
+
+
+def result_cells(r: RunResult, width: int = 80) -> tuple[str, ...]:
+    """One run as table cells (see RESULT_COLUMNS): status, peaks, step time, tokens/s, first -> last
+    loss. Every table of runs (bench, matrix, ladder) writes them the same way; no NVMe files is "-"."""
+    return (show.status_cell(r.status, r.message, OK, width), show.gib(r.peak_gpu_allocated_bytes),
+            show.gib(r.peak_host_rss_bytes or None), show.gib(r.peak_nvme_bytes or None),
+            show.seconds(r.median_step_s), "-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}",
+            show.loss_cell(r.losses))
+
+
+def results_table(results: list[RunResult]) -> Table:
+    """The measurements side by side: status, peak GPU, peak host RSS, NVMe, step time, losses."""
+    return Table(["config", *RESULT_COLUMNS], [(r.label, *result_cells(r)) for r in results], title="Measured runs")
+
+
+# ---- the stage and offload rows, one run each --------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One config of the matrix: what ran, what came back, what was predicted."""
+
+    label: str
+    choice: dict
+    spec: RunSpec | None
+    result: RunResult
+    estimate: memory.Estimate | None
+
+
+def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
+               grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
+               world_size: int = 1, progress: bool = True) -> list[Row]:
+    """Run every row of config.STAGE_ROWS (or ``labels``) with ``world_size`` ranks (one per GPU, or
+    CPU ranks with gloo where there is no GPU), each predicted too; NVMe without async_io becomes an
+    explained row."""
+    from tqdm.auto import tqdm
+
+    info = memory.ModelInfo.for_shape(shape)
+    rows = []
+    todo = [(label, choice) for label, choice in kit_config.STAGE_ROWS if labels is None or label in labels]
+    for label, choice in tqdm(todo, desc="configs", disable=not progress):
+        if "nvme" in choice.values() and not nvme_ready:
+            rows.append(Row(label, choice, None, RunResult(
+                label, NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
+            continue
+        ds = kit_config.for_row(choice, info, environment, micro_batch, world_size)
+        spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+                       grad_ckpt=grad_ckpt, label=label, world_size=world_size)
+        est = memory.estimate(info, spec.ds_config, world_size=spec.world_size, micro_batch=spec.micro_batch,
+                              seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt, on_gpu=environment.has_gpu)
+        rows.append(Row(label, choice, spec, measure(spec), est))
+    return rows
+
+
+def rows_table(rows: list[Row], environment: kit_env.Environment) -> Table:
+    """Measured and predicted side by side, with the T4-sized limits."""
+    gib = show.gib
+    out = []
+    for r in rows:
+        res, est = r.result, r.estimate
+        out.append((r.label, show.status_cell(res.status, res.message, OK, 70),
+                    gib(res.peak_gpu_allocated_bytes), gib(est.total("gpu")) if est and environment.has_gpu else "-",
+                    gib(res.peak_host_rss_bytes or None), gib(est.total("cpu")) if est else "-",
+                    gib(res.peak_nvme_bytes or None),
+                    show.seconds(res.median_step_s),
+                    "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", show.loss_cell(res.losses, 4)))
+    return Table(["config", "status", "GPU GiB", "GPU predicted", "host RSS GiB", "host predicted", "NVMe GiB",
+                  "s/step", "tokens/s", "loss first -> last"], out,
+                 title=f"ZeRO stages and offload, {environment.measured_on()}")
+
+
+#: What a rank holds, by kind (:func:`held_bytes`' keys, in the order tables show them).
+HELD_KINDS = ("optimizer_bytes", "grads_bytes", "params_bytes")
+
+
+def ranks_table(rows: list[Row]) -> Table:
+    """Every rank's bytes of optimizer states, gradients and parameters, and its peak GPU memory."""
+    out = []
+    for r in rows:
+        for x in r.result.ranks:
+            peak = x.get("peak_gpu_allocated_bytes")
+            out.append((r.label, x.get("rank"), *(show.mib(x.get(k) or 0) for k in HELD_KINDS),
+                        show.gib(peak)))
+    return Table(["config", "rank", "optimizer MiB", "gradients MiB", "parameters MiB", "peak GPU GiB"], out,
+                 title="Per rank")
+
+
+# ---- what one rank holds -------------------------------------------------------------------------
+#: What one rank holds: bytes of parameters, gradients and optimizer states in a DeepSpeed engine,
+#: counted from the tensors themselves (views of one flat buffer counted once). The runner records
+#: it after the first step of every run; notebook 05 compares it across 1 and 2 ranks.
+
+
+def _tensors(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _unique_bytes(tensors, exclude: list | None = None) -> tuple[int, list]:
+    """Bytes covered by ``tensors``, overlaps (views of one buffer) counted once, minus ``exclude``.
+
+    Views are counted at their own extent, not their storage's: ZeRO's partitions are views into
+    flat buffers, and a rank holds only its view's worth. Returns (bytes, the intervals counted).
+    """
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                   for t in tensors if t is not None and t.numel() > 0)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    total = sum(hi - lo for lo, hi in merged)
+    for lo, hi in exclude or []:
+        total -= sum(max(0, min(hi, b) - max(lo, a)) for a, b in merged)
+    return total, merged
+
+
+def held_bytes(engine) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer states this rank holds (call after backward).
+
+    Parameters: the model's weights as stored here (ZeRO-3: this rank's partition, ``ds_tensor``).
+    Gradients: the model's .grad plus the ZeRO optimizer's gradient partitions and buffers.
+    Optimizer states: the inner optimizer's state (Adam's moments) plus fp32 master weights that are
+    distinct from the model's weights. Offloaded tensors count too: the split by device is in
+    ``*_gpu`` keys.
+    """
+    model, opt = engine.module, engine.optimizer
+    params = [getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.data for p in model.parameters()]
+    param_bytes, param_keys = _unique_bytes(params)
+    grads = [p.grad for p in model.parameters()]
+    for name in ("grads_in_partition", "grad_partitions_flat_buffer", "averaged_gradients"):
+        grads += list(_tensors(getattr(opt, name, None)))
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat"):
+        grads += [t.grad for t in _tensors(getattr(opt, name, None))]
+    grad_bytes, _ = _unique_bytes(grads, exclude=param_keys)
+    inner = getattr(opt, "optimizer", opt)
+    masters = [p for group in getattr(inner, "param_groups", []) for p in group["params"]]
+    # ZeRO-3 hands the inner optimizer one sub-group at a time and empties its param_groups after
+    # the step: its fp32 master partitions live in fp32_partitioned_groups_flat.
+    masters += list(_tensors(getattr(opt, "fp32_partitioned_groups_flat", None)))
+    states = list(_tensors(list(getattr(inner, "state", {}).values())))
+    opt_bytes, _ = _unique_bytes(masters + states, exclude=param_keys)
+    gpu = lambda ts: sum(t.numel() * t.element_size() for t in ts if t is not None and t.is_cuda)
+    return {"params_bytes": param_bytes, "grads_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
+            "params_gpu_bytes": gpu(params), "optimizer_gpu_bytes": gpu(masters + states)}
+
+
+# ---- where a process's host RAM goes -------------------------------------------------------------
+#: Where a process's host RAM goes: its resident set size (RSS) sampled by a background thread and
+#: attributed to the phase the process is in (imports, model construction, ``deepspeed.initialize``,
+#: forward and backward, the optimizer step). The runner records one trace per run; notebook 06
+#: shows it for the largest models, where host RAM is the wall.
+#:
+#: A sampler can miss a short spike (its thread waits for the GIL on a busy 2-core machine), so at
+#: every phase switch the trace also reads the kernel's high-water mark of the process's RSS
+#: (``getrusage``'s ``ru_maxrss``): when it rose during the phase being left, the new high was that
+#: phase's, and its peak is exact. (A process started from a bigger one begins with its parent's RSS
+#: as its mark, so this helps only once the process passes it.)
+
+
+def high_water_bytes() -> int:
+    """The most RSS this process has held so far, as the kernel counts it (``ru_maxrss``: KiB on
+    Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+@dataclass
+class Phase:
+    """One phase: RSS when it first began, the highest RSS seen while in it, how often it began."""
+
+    name: str
+    start_bytes: int
+    peak_bytes: int
+    entries: int = 1
+
+
+class PhaseTrace:
+    """Peak RSS per named phase. ``enter(name)`` switches phase (a phase entered again, like one
+    training step's forward and backward after another, keeps one peak); ``stop()`` returns them in
+    the order they first began."""
+
+    def __init__(self, interval_s: float = 0.02):
+        import psutil
+
+        self._process = psutil.Process()
+        self._interval = interval_s
+        self._phases: dict[str, Phase] = {}
+        self._current: Phase | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample_forever, daemon=True)
+        self._high_water = high_water_bytes()  # at the current phase's start
+        # On Linux a process started by fork and exec inherits its parent's RSS at the fork as its
+        # first high-water mark: only a mark above this one is the process's own.
+        self.inherited_high_water = self._high_water
+
+    def _sample(self) -> int:
+        rss = self._process.memory_info().rss
+        with self._lock:
+            if self._current is not None:
+                self._current.peak_bytes = max(self._current.peak_bytes, rss)
+        return rss
+
+    def _sample_forever(self) -> None:
+        while not self._done.wait(self._interval):
+            self._sample()
+
+    def _close_current(self) -> None:
+        """Sample the last moments of the phase being left; where the kernel's high-water mark rose
+        during it, that high was this phase's."""
+        self._sample()
+        high = high_water_bytes()
+        with self._lock:
+            if self._current is not None and high > self._high_water:
+                self._current.peak_bytes = max(self._current.peak_bytes, high)
+            self._high_water = high
+
+    def enter(self, name: str) -> None:
+        """From now on, RSS counts towards ``name``."""
+        self._close_current()
+        rss = self._process.memory_info().rss
+        with self._lock:
+            phase = self._phases.get(name)
+            if phase is None:
+                phase = self._phases[name] = Phase(name, rss, rss, 0)
+            phase.entries += 1
+            phase.peak_bytes = max(phase.peak_bytes, rss)
+            self._current = phase
+        if not self._thread.is_alive() and not self._done.is_set():
+            self._thread.start()
+
+    def stop(self) -> list[dict]:
+        """End the trace; the phases as dicts (name, start_bytes, peak_bytes, entries)."""
+        self._close_current()
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            return [asdict(p) for p in self._phases.values()]
