@@ -14,11 +14,12 @@ BIN := $(VENV)/bin
 # paths of torch's and DeepSpeed's files (ninja rebuilds when a compile command changes), so a
 # clone whose .venv held its own copies would compile every op again (minutes on 2 cores). The
 # clone's .venv is a thin environment (the kit, editable) that sees the shared one through a .pth.
-KIT_CACHE ?= $(HOME)/.cache/zero-kit
-export TORCH_EXTENSIONS_DIR ?= $(KIT_CACHE)/torch_extensions
+# (helpers/__init__.py names the same folders: a run started by hand shares them too)
+export ZERO_KIT_CACHE ?= $(HOME)/.cache/zero-kit
+export TORCH_EXTENSIONS_DIR ?= $(ZERO_KIT_CACHE)/torch_extensions
 ENV_KEY := $(shell { $(PYTHON) -c 'import sys; print(sys.version)'; echo '$(TORCH_SPEC)'; \
                      cat requirements.txt; } | sha256sum | cut -c1-12)
-SHARED := $(KIT_CACHE)/env-$(ENV_KEY)
+SHARED := $(ZERO_KIT_CACHE)/env-$(ENV_KEY)
 OPS_STAMP := $(TORCH_EXTENSIONS_DIR)/.zero-kit-ops-$(ENV_KEY)
 # DeepSpeed's ops compiled side by side (each compile is one or two C++ files).
 OP_JOBS ?= 2

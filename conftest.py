@@ -16,10 +16,10 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     "MPLBACKEND": "agg",
-    # DeepSpeed's compiled ops: one cache per machine, shared by every clone (the Makefile's default)
-    "TORCH_EXTENSIONS_DIR": os.path.expanduser("~/.cache/zero-kit/torch_extensions"),
 }.items():
     os.environ.setdefault(key, value)
+
+import helpers  # noqa: E402,F401  (sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine)
 
 
 # pytest-xdist's workers share the cores: each process (and what it starts: notebook kernels, runs)

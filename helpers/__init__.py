@@ -8,7 +8,19 @@ helpers/lessons/ holds one module per notebook that needs one, named after it, a
 module imports only from layers below its own (tests/test_layers.py enforces it, lazy imports
 inside functions included), so there are no import cycles and no arrow runs back up. The README's
 layout section is rendered from it (``python tools/layout.py``; a test checks the two agree).
+
+Importing the package sets one thing: where DeepSpeed keeps its compiled ops, when nothing else
+has (``TORCH_EXTENSIONS_DIR``). The kit's folder is one per machine, shared by every clone,
+notebook, test and run (``make setup`` fills it), so that no run compiles an op again.
 """
+
+import os
+
+#: The kit's cache on this machine: the Makefile's shared environment, DeepSpeed's compiled ops,
+#: notebook 06's pretrained stand-in (``ZERO_KIT_CACHE`` moves it).
+KIT_CACHE = os.environ.get("ZERO_KIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                               "zero-kit")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(KIT_CACHE, "torch_extensions"))
 
 #: The layers, bottom first: each a dict of module (``lessons.X`` for helpers/lessons/X.py) to
 #: what it is for, in one line.

@@ -327,7 +327,7 @@ def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
 
 def kit_cache_dir() -> Path:
     """The kit's cache on this machine, shared by every clone (``ZERO_KIT_CACHE`` or
-    ~/.cache/zero-kit): the Makefile's environment and DeepSpeed's ops live there too."""
+    ~/.cache/zero-kit, as helpers/__init__.py and the Makefile say): read at each call."""
     return Path(os.environ.get("ZERO_KIT_CACHE") or Path.home() / ".cache" / "zero-kit")
 
 

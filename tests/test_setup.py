@@ -96,3 +96,21 @@ def test_two_clones_share_one_environment_and_one_op_cache(tmp_path):
     assert str(ROOT) not in here["SHARED"] and str(tmp_path) not in there["SHARED"]
     (clone / "requirements.txt").write_text((ROOT / "requirements.txt").read_text() + "six\n")
     assert _make_variables(clone)["SHARED"] != here["SHARED"]  # other packages: another env
+
+
+def test_importing_the_kit_points_deepspeed_at_the_machines_ops_unless_told_otherwise(tmp_path):
+    """A run started by hand (python -m helpers bench, a notebook outside make) finds the ops that
+    make setup compiled, instead of compiling them again into DeepSpeed's own default folder."""
+    import sys
+
+    code = "import os, helpers; print(os.environ['TORCH_EXTENSIONS_DIR'])"
+    base = {k: v for k, v in os.environ.items()
+            if k not in {"TORCH_EXTENSIONS_DIR", "ZERO_KIT_CACHE"}}
+
+    def seen(**extra) -> str:
+        return subprocess.run([sys.executable, "-c", code], env={**base, **extra}, text=True,
+                              capture_output=True, check=True, cwd=str(ROOT)).stdout.strip()
+
+    assert seen(HOME=str(tmp_path)) == str(tmp_path / ".cache" / "zero-kit" / "torch_extensions")
+    assert seen(ZERO_KIT_CACHE=str(tmp_path / "kit")) == str(tmp_path / "kit" / "torch_extensions")
+    assert seen(TORCH_EXTENSIONS_DIR="/somewhere/else") == "/somewhere/else"

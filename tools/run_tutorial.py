@@ -107,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None,
                         help="notebooks run side by side (default: 2 without a GPU, 1 with one)")
     args = parser.parse_args(argv)
-    # DeepSpeed's compiled ops: one cache per machine, shared by every clone (the Makefile's default)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                          os.path.expanduser("~/.cache/zero-kit/torch_extensions"))
+    import helpers  # noqa: F401  (sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine)
+
     out = Path(args.out)
     timings_file = out / "timings.json"
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
