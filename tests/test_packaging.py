@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 #: import name -> distribution name, where they differ
 DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow"}
-#: imported by the helpers but installed with another dependency (transformers brings these)
-COMES_WITH = {"tokenizers", "safetensors", "numpy", "pydantic", "huggingface_hub"}
+#: imported by the helpers but installed with another dependency (transformers brings these;
+#: DeepSpeed brings py-cpuinfo, whose use by its op builders deepspeed_fixes.fix_cpu_info_once mends)
+COMES_WITH = {"tokenizers", "safetensors", "numpy", "pydantic", "huggingface_hub", "cpuinfo"}
 
 
 def requirement_lines(path: Path) -> dict[str, str]:
