@@ -8,6 +8,9 @@
 # first call), and the next call must follow within the machine's idle release (30 s): a call killed at
 # its limit, or a longer pause, gives the machine back and its jobs and results with it (run 15).
 set -u
+# DeepSpeed's ops where every run of the kit looks for them (helpers/__init__.py's default): built
+# once below, never inside a measured run
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/zero-kit/torch_extensions}"
 W=/tmp/kit_gpu
 # Every run and probe the notebooks report goes to the file KIT_BENCH_LOG names (tools/run_log.py).
 export KIT_REPORT_TO=tools.run_log:append

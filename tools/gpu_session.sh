@@ -4,6 +4,9 @@
 #   source .whl/install-on-gpu.sh; bash tools/gpu_session.sh start JOB...   (JOB: finetune, nbval-a)
 #   bash tools/gpu_session.sh wait SECONDS    # until "all done"; logs land in $OUT
 set -u
+# DeepSpeed's ops where every run of the kit looks for them (helpers/__init__.py's default): built
+# once below, never inside a measured run
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/zero-kit/torch_extensions}"
 W=/tmp/kit_gpu_s
 export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 case "$1" in
