@@ -19,14 +19,10 @@ for key, value in {
 }.items():
     os.environ.setdefault(key, value)
 
-import helpers  # noqa: E402,F401  (sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine)
+import helpers  # noqa: E402  (sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine)
 
-
-# pytest-xdist's workers share the cores: each process (and what it starts: notebook kernels, runs)
-# gets its share of threads, as OpenMP threads beyond the cores only spin (a 2-rank test: 25% slower).
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
-                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+# pytest-xdist's workers share the cores
+helpers.share_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 import pytest

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import helpers
+
 #: GPT-2 family shapes (layers, width, heads); "tiny" and "small-test" are for smoke mode and tests.
 GPT2_SHAPES: dict[str, tuple[int, int, int]] = {
     "tiny": (2, 64, 2),
@@ -325,12 +327,6 @@ def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
                            + (done.stderr.strip().splitlines() or ["no output"])[-1])
 
 
-def kit_cache_dir() -> Path:
-    """The kit's cache on this machine, shared by every clone (``ZERO_KIT_CACHE`` or
-    ~/.cache/zero-kit, as helpers/__init__.py and the Makefile say): read at each call."""
-    return Path(os.environ.get("ZERO_KIT_CACHE") or Path.home() / ".cache" / "zero-kit")
-
-
 def stand_in_key(shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -> str:
     """A pretrained stand-in's folder name: its arguments, and a digest of what makes its weights
     (this module, helpers/data.py, torch's and transformers' versions), so that a change to any
@@ -383,7 +379,8 @@ def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, see
     no network: CI and the GPU machine have none) a model folder written by
     :func:`helpers.models.save_offline_model` (``keep_vocab`` and ``pretrain_steps`` passed on),
     which loads exactly as a Hub checkpoint would: into ``work_dir``, or, when pretrained, once
-    per machine into :func:`kit_cache_dir` (the pretraining takes minutes on 2 cores).
+    per machine into the kit's cache (``helpers.kit_cache_dir``; the pretraining takes minutes on
+    2 cores).
     """
     if name and Path(name).is_dir():
         return str(name), f"model: the local folder {name}"
@@ -395,7 +392,8 @@ def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, see
     if name and hub_reachable():
         return str(name), f"model: {name} from the Hugging Face Hub"
     if pretrain_steps:  # minutes of training on 2 cores: done once per machine, then reused
-        folder = kit_cache_dir() / "models" / stand_in_key(shape, seed, keep_vocab, pretrain_steps)
+        key = stand_in_key(shape, seed, keep_vocab, pretrain_steps)
+        folder = Path(helpers.kit_cache_dir()) / "models" / key
         if not (folder / "config.json").is_file():
             _save_once(folder, shape, seed, keep_vocab, pretrain_steps)
     else:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers
 from helpers import claims, cli, config, memory, models, runner
 
 LLAMA_STYLE = list(models.LLAMA_SHAPES)
@@ -288,8 +289,7 @@ def test_a_pretrained_stand_in_is_written_once_per_machine_and_rewritten_when_it
     fresh, _ = models.resolve_model(None, tmp_path / "a", "llama-mini")  # not pretrained: not cached
     assert fresh == str(tmp_path / "a" / "offline-llama-mini")
     # the race: the folder appears while this run writes its own copy
-    target = Path(models.kit_cache_dir() / "models"
-                  / models.stand_in_key("llama-mini", 1, False, 100))
+    target = Path(helpers.kit_cache_dir(), "models", models.stand_in_key("llama-mini", 1, False, 100))
 
     def racing_save(folder, *args):
         fake_save(folder, *args)

@@ -114,3 +114,20 @@ def test_importing_the_kit_points_deepspeed_at_the_machines_ops_unless_told_othe
     assert seen(HOME=str(tmp_path)) == str(tmp_path / ".cache" / "zero-kit" / "torch_extensions")
     assert seen(ZERO_KIT_CACHE=str(tmp_path / "kit")) == str(tmp_path / "kit" / "torch_extensions")
     assert seen(TORCH_EXTENSIONS_DIR="/somewhere/else") == "/somewhere/else"
+
+
+def test_workers_side_by_side_share_the_cores_as_openmp_threads(monkeypatch):
+    import helpers
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    helpers.share_threads(1)  # alone: OpenMP's own default (every core)
+    assert "OMP_NUM_THREADS" not in os.environ
+    helpers.share_threads(2)
+    assert os.environ["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # what the user set stays
+    helpers.share_threads(16)
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    helpers.share_threads(16)  # more workers than cores: one thread each
+    assert os.environ["OMP_NUM_THREADS"] == "1"

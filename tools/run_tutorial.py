@@ -107,15 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None,
                         help="notebooks run side by side (default: 2 without a GPU, 1 with one)")
     args = parser.parse_args(argv)
-    import helpers  # noqa: F401  (sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine)
+    import helpers  # sets TORCH_EXTENSIONS_DIR: the kit's ops, compiled once per machine
 
     out = Path(args.out)
     timings_file = out / "timings.json"
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     paths = notebook_paths(args.notebooks)
     jobs = args.jobs or default_jobs()
-    if jobs > 1:  # the notebooks share the cores: OpenMP threads beyond them only spin
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    helpers.share_threads(jobs)  # the notebooks share the cores
     started = time.perf_counter()
 
     def run(path: Path) -> tuple[Path, bool, float, str]:
