@@ -347,7 +347,8 @@ def sizing_command(argv: list[str]) -> int:
         "--emulate",
         type=one_of(["t4", "none"]),
         default=None,
-        help="t4: the verdict for a free Colab T4 (15 GiB GPU, 12.7 GB RAM)",
+        help="t4: the verdict for a free Colab T4 (its GPU less the CUDA context; 12.7 GB of RAM"
+             " less the VM's own use and this process's RSS)",
     )
     parser.add_argument(
         "--compare",

@@ -257,13 +257,16 @@ class Mistake:
 
 
 def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
-    """This environment as a free Colab T4 would report it (capability 7.5, fp16, 12.7 GB of RAM)."""
+    """This environment as a free Colab T4 would report it (capability 7.5, fp16, the T4's GPU cap,
+    Colab's RAM less the VM's own use and a typical kernel's)."""
     import dataclasses
 
     t4 = kit_env.EMULATIONS["t4"]
     return dataclasses.replace(environment, gpu_name=environment.gpu_name or "Tesla T4 (profile)", gpu_count=1,
                                capability=t4.capability, native_bf16=False, precision="fp16",
-                               vram_total_bytes=t4.gpu_bytes, ram_budget_bytes=t4.ram_budget_bytes, emulation=t4)
+                               vram_total_bytes=t4.gpu_cap_bytes, ram_budget_bytes=t4.ram_budget_bytes,
+                               notebook_ram_bytes=t4.notebook_ram_bytes,
+                               kernel_rss_bytes=t4.kernel_rss_bytes, emulation=t4)
 
 
 def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
@@ -378,19 +381,26 @@ def short_run_schedule(model: memory.ModelInfo, steps: int) -> dict:
 
 
 def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
-                  nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1) -> dict:
-    """ZeRO-3 with optimizer and parameters on NVMe, sized for this model and this RAM budget.
+                  nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1,
+                  offload_param: str = "nvme") -> dict:
+    """ZeRO-3 with the optimizer on NVMe, and the parameters too (``offload_param="nvme"``) or
+    kept on the GPU (``"none"``: 2 bytes per parameter of GPU memory, no weight swap buffers in RAM,
+    no weight traffic on the disk), sized for this model and this RAM budget.
 
     Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
-    distance is 0 (a kept parameter keeps its buffer), pinned memory is off when RAM is tight, and
-    the optimizer works in sub-groups small enough that its swap buffers fit the RAM budget
-    (:data:`INFINITY_SUB_GROUPS`); the learning rate follows :func:`short_run_schedule`.
+    distance is 0 (a kept parameter keeps its buffer), no prefetch with weights on NVMe (DeepSpeed
+    0.19's NVMe prefetch fills every free swap buffer and a weight it did not foresee finds none),
+    pinned memory is off when RAM is tight, and the optimizer works in sub-groups small enough that
+    its swap buffers fit the RAM budget (:data:`INFINITY_SUB_GROUPS`); the learning rate follows
+    :func:`short_run_schedule`.
     """
     tight = environment.ram_budget_bytes < PIN_MEMORY_MIN_RAM
-    return build(stage=3, offload_optimizer="nvme", offload_param="nvme", micro_batch=micro_batch,
-                 world_size=world_size, trainer=False, environment=environment,
-                 nvme_path=nvme_path, pin_memory=not tight,
+    return build(stage=3, offload_optimizer="nvme", offload_param=offload_param,
+                 micro_batch=micro_batch, world_size=world_size, trainer=False,
+                 environment=environment, nvme_path=nvme_path, pin_memory=not tight,
                  largest_param_numel=model.largest_param_numel,
                  sub_group_size=sub_group_size(model.n_params, INFINITY_SUB_GROUPS),
-                 max_live_parameters=int(1e8), prefetch_bucket_size=int(2e7), reduce_bucket_size=int(2e7),
-                 param_persistence_threshold=int(1e5), **short_run_schedule(model, steps))
+                 max_live_parameters=int(1e8),
+                 prefetch_bucket_size=0 if offload_param == "nvme" else int(2e7),
+                 reduce_bucket_size=int(2e7), param_persistence_threshold=int(1e5),
+                 **short_run_schedule(model, steps))

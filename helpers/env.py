@@ -38,17 +38,49 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class Emulation:
-    """A smaller machine the kit pretends to be: GPU memory cap, capability, RAM budget."""
+    """A smaller machine the kit pretends to be: its GPU, capability and RAM, and what of them a run
+    really gets.
+
+    GPU: the card's memory as CUDA reports it, less the CUDA context (outside PyTorch's allocator).
+    RAM: the VM's total, less what the VM itself uses before any cell runs, less the notebook
+    kernel's own RSS (measured by :func:`describe`; ``kernel_rss_bytes`` where none was measured).
+    """
 
     name: str
     label: str
     gpu_bytes: int
     capability: tuple[int, int]
-    ram_budget_bytes: int
+    ram_bytes: int
+    vm_overhead_bytes: int = 0
+    cuda_context_bytes: int = 0
+    kernel_rss_bytes: int = 0
+
+    @property
+    def gpu_cap_bytes(self) -> int:
+        """What PyTorch's allocator may hold: the card's memory less the CUDA context."""
+        return self.gpu_bytes - self.cuda_context_bytes
+
+    @property
+    def notebook_ram_bytes(self) -> int:
+        """RAM the notebook's kernel and every run it starts share: the VM's less its own use."""
+        return self.ram_bytes - self.vm_overhead_bytes
+
+    @property
+    def ram_budget_bytes(self) -> int:
+        """What a run started from a typical kernel has (where no kernel was measured)."""
+        return self.notebook_ram_bytes - self.kernel_rss_bytes
 
 
+#: A free Colab T4. GPU: CUDA reports 14.75 GiB on a T4 (nvidia-smi rounds it to 15 GiB); the CUDA
+#: context of a PyTorch process sits outside the allocator: measured on the GPU machine (H200,
+#: torch 2.11, CUDA 13, lazy module loading; GPU_RUNS.md run 19; a T4's, with fewer SMs, is no
+#: larger). RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
+#: 1.4 GB as Colab's users report it); a kernel that imported torch and the kit holds about
+#: 0.7 GB more (measured by describe() where a notebook runs).
 EMULATIONS: dict[str, Emulation] = {
-    "t4": Emulation("t4", "Colab T4", gpu_bytes=15 * GiB, capability=(7, 5), ram_budget_bytes=int(12.7 * GB)),
+    "t4": Emulation("t4", "Colab T4", gpu_bytes=int(14.75 * GiB), capability=(7, 5),
+                    ram_bytes=int(12.7 * GB), vm_overhead_bytes=int(1.2 * GB),
+                    cuda_context_bytes=int(0.5 * GiB), kernel_rss_bytes=int(0.7 * GB)),
 }
 _OFF = {"", "none", "off", "0", "false", "no"}
 _ON = {"1", "true", "yes", "on"}
@@ -140,7 +172,7 @@ def apply_emulation(emulation: Emulation | None, gpu: GpuFacts | None) -> int | 
         return None
     import torch
 
-    cap = min(emulation.gpu_bytes, gpu.total_bytes)
+    cap = min(emulation.gpu_cap_bytes, gpu.total_bytes)
     for device in range(gpu.count):
         torch.cuda.set_per_process_memory_fraction(cap / gpu.total_bytes, device)
     return cap
@@ -215,7 +247,7 @@ class Environment:
     cpu_cores: int
     ram_total_bytes: int
     ram_available_bytes: int
-    ram_budget_bytes: int  # what host-RSS checks compare against (12.7 GB under T4 emulation)
+    ram_budget_bytes: int  # what a run started from this kernel has: notebook RAM less the kernel
     offload_dir: str
     disk_free_bytes: int
     torch_version: str
@@ -226,6 +258,10 @@ class Environment:
     smoke: bool
     emulation: Emulation | None = None
     gpu_cap_bytes: int | None = None
+    #: RAM the kernel and its runs share (12.7 GB less the VM's own 1.2 under T4 emulation)
+    notebook_ram_bytes: int = 0
+    #: this process's RSS when described: the notebook's kernel, with torch and the kit imported
+    kernel_rss_bytes: int = 0
 
     @property
     def has_gpu(self) -> bool:
@@ -235,7 +271,7 @@ class Environment:
         """(what, value, note) rows: the environment table."""
         gib = lambda b: "-" if b is None else f"{show.gib(b, 1)} GiB"
         emu = self.emulation
-        cap_note = f"capped at {emu.label}'s {emu.gpu_bytes / GiB:.0f} GiB" if emu and self.has_gpu else ""
+        cap_note = f"capped: {self.gpu_cap_note()}" if emu and self.has_gpu else ""
         real_cc = self.real_capability
         cc_note = (
             f"emulated; the real GPU is {real_cc[0]}.{real_cc[1]}"
@@ -253,8 +289,7 @@ class Environment:
             ("CPU cores", str(self.cpu_cores), ""),
             ("RAM total", gib(self.ram_total_bytes), ""),
             ("RAM available", gib(self.ram_available_bytes), ""),
-            ("RAM budget for checks", f"{self.ram_budget_bytes / GB:.1f} GB",
-             f"{emu.label}'s" if emu else "this machine's total"),
+            ("RAM budget of a run", f"{self.ram_budget_bytes / GB:.1f} GB", self.ram_budget_note()),
             ("disk free for offload", gib(self.disk_free_bytes), self.offload_dir),
             ("torch", self.torch_version, f"CUDA {self.torch_cuda}" if self.torch_cuda else "CPU build"),
             ("nvcc", self.nvcc or "none", "needed only to JIT-build CUDA ops" if not self.nvcc else ""),
@@ -263,6 +298,23 @@ class Environment:
             ("smoke mode", "on" if self.smoke else "off", "tiny sizes (no GPU or KIT_SMOKE=1)" if self.smoke else "full sizes"),
             ("emulation", emu.label if emu else "off", "KIT_EMULATE" if emu else ""),
         ]
+
+    def ram_budget_note(self) -> str:
+        """Which figures the RAM budget is made of, as a sum a reader can check."""
+        emu = self.emulation
+        kernel = f"{self.kernel_rss_bytes / GB:.1f} GB (this kernel: torch and the kit imported)"
+        if emu is None:
+            return f"{self.notebook_ram_bytes / GB:.1f} GB (this machine) - {kernel}"
+        return (f"{emu.ram_bytes / GB:.1f} GB ({emu.label}'s RAM) - {emu.vm_overhead_bytes / GB:.1f} GB"
+                f" (the VM's own use before any cell runs) - {kernel}")
+
+    def gpu_cap_note(self) -> str:
+        """Which figures the GPU cap is made of (empty without emulation)."""
+        emu = self.emulation
+        if emu is None or not self.has_gpu:
+            return ""
+        return (f"{emu.label}'s {emu.gpu_bytes / GiB:.2f} GiB less the CUDA context's "
+                f"{emu.cuda_context_bytes / GiB:.2f} GiB (outside PyTorch's allocator)")
 
     def table(self) -> Table:
         return Table(["what", "value", "note"], self.rows(), title="Where this notebook runs")
@@ -307,7 +359,7 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
 
     emulation = resolve_emulation()
     gpu = _gpu_facts()
-    cap = min(emulation.gpu_bytes, gpu.total_bytes) if emulation and gpu else None
+    cap = min(emulation.gpu_cap_bytes, gpu.total_bytes) if emulation and gpu else None
     capability = None
     vram_total = vram_free = None
     if gpu is not None:
@@ -315,7 +367,8 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
         vram_total = cap if cap is not None else gpu.total_bytes
         vram_free = min(gpu.free_bytes, vram_total - torch.cuda.memory_reserved(0)) if cap else gpu.free_bytes
     vm = psutil.virtual_memory()
-    budget = min(emulation.ram_budget_bytes, vm.total) if emulation else vm.total
+    notebook_ram = min(emulation.notebook_ram_bytes, vm.total) if emulation else vm.total
+    kernel_rss = psutil.Process().memory_info().rss
     folder = Path(offload_dir) if offload_dir else default_offload_dir()
     try:
         cores = len(os.sched_getaffinity(0))
@@ -334,7 +387,7 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
         cpu_cores=cores,
         ram_total_bytes=vm.total,
         ram_available_bytes=vm.available,
-        ram_budget_bytes=budget,
+        ram_budget_bytes=max(0, notebook_ram - kernel_rss),
         offload_dir=str(folder),
         disk_free_bytes=disk_free_bytes(folder),
         torch_version=torch.__version__,
@@ -345,7 +398,17 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
         smoke=smoke_mode(gpu is not None),
         emulation=emulation,
         gpu_cap_bytes=cap,
+        notebook_ram_bytes=notebook_ram,
+        kernel_rss_bytes=kernel_rss,
     )
+
+
+def ram_left_for_runs(environment: Environment) -> int:
+    """What a run started now has: the notebook's RAM less this kernel's RSS now (a kernel grows as
+    it holds data and models: measure again before each batch of runs)."""
+    import psutil
+
+    return max(0, environment.notebook_ram_bytes - psutil.Process().memory_info().rss)
 
 
 # ---- libaio: what NVMe offload (DeepSpeed's async_io op) links against ---------------------------

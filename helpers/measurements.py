@@ -101,7 +101,7 @@ def predict(row: dict, infos: dict[str, memory.ModelInfo] | None = None) -> Pred
     )
     # GPU and host RAM only: a T4 emulation has no disk figure (Colab's free disk varies), and
     # every row's disk use is in the row itself (peak_nvme_bytes)
-    limits = {"gpu": T4.gpu_bytes, "cpu": T4.ram_budget_bytes}
+    limits = {"gpu": T4.gpu_cap_bytes, "cpu": T4.ram_budget_bytes}
     words = {p: v.word for p, v in memory.verdicts({k: est.total(k) for k in limits}, limits).items()}
     return Prediction(row, est, words)
 

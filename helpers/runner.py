@@ -120,7 +120,7 @@ def _oom_message(text: str, cap_bytes: int | None = None) -> str:
         device = torch.cuda.current_device()
         held = torch.cuda.memory_allocated(device) / show.GiB
         emulated = kit_env.resolve_emulation()
-        limit = min(b for b in (cap_bytes, emulated and emulated.gpu_bytes,
+        limit = min(b for b in (cap_bytes, emulated and emulated.gpu_cap_bytes,
                                 torch.cuda.get_device_properties(device).total_memory) if b)
         msg += f" with {held:.2f} GiB in use, limit {limit / show.GiB:.1f} GiB"
     return msg

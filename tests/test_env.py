@@ -60,14 +60,41 @@ def test_t4_emulation_on_a_big_gpu_caps_memory_and_picks_fp16(fake_gpu):
     machine = (env.emulate("t4"), env.describe())[1]
     assert machine.capability == (7, 5) and machine.real_capability == (9, 0)
     assert machine.precision == "fp16" and not machine.native_bf16
-    assert machine.vram_total_bytes == 15 * GiB == machine.gpu_cap_bytes
-    assert calls == [(pytest.approx(15 * GiB / H200.total_bytes), 0)]
-    assert machine.ram_budget_bytes == min(int(12.7 * GB), machine.ram_total_bytes)
+    t4 = env.EMULATIONS["t4"]
+    # a T4's 14.75 GiB less the CUDA context, which PyTorch's allocator never sees
+    cap = int(14.75 * GiB) - t4.cuda_context_bytes
+    assert 0 < t4.cuda_context_bytes < GiB and cap == t4.gpu_cap_bytes
+    assert machine.vram_total_bytes == cap == machine.gpu_cap_bytes
+    assert calls == [(pytest.approx(cap / H200.total_bytes), 0)]
     assert os.environ["KIT_EMULATE"] == "t4"  # subprocesses inherit the choice
     rows = {what: (value, note) for what, value, note in machine.rows()}
     assert rows["compute capability"] == ("7.5", "emulated; the real GPU is 9.0")
-    assert rows["GPU memory total"] == ("15.0 GiB", "capped at Colab T4's 15 GiB")
+    assert rows["GPU memory total"][0] == f"{cap / GiB:.1f} GiB"
+    assert "less the CUDA context" in rows["GPU memory total"][1]
     assert "Colab T4: fp16 (no native bf16)" in gpu_check.verdict(machine)[0]
+
+
+def test_a_runs_ram_budget_is_colabs_less_the_vm_and_this_kernel(fake_gpu):
+    """12.7 GB is Colab's whole VM: the VM itself uses about 1.2 GB before any cell runs, and the
+    kernel (this process) holds its own RSS beside every run it starts."""
+    import psutil
+
+    fake_gpu(H200)
+    machine = (env.emulate("t4"), env.describe())[1]
+    rss = psutil.Process().memory_info().rss
+    assert machine.notebook_ram_bytes == int(12.7 * GB) - int(1.2 * GB)
+    assert 0 < machine.kernel_rss_bytes <= rss
+    assert machine.ram_budget_bytes == machine.notebook_ram_bytes - machine.kernel_rss_bytes
+    assert machine.ram_budget_bytes < int(11.5 * GB)  # never the whole 12.7 GB
+    note = dict((w, n) for w, _, n in machine.rows())["RAM budget of a run"]
+    assert "12.7 GB" in note and "1.2 GB" in note and "this kernel" in note
+    # later, a kernel that grew leaves less for the next run
+    held = bytearray(200 * 2**20)
+    assert env.ram_left_for_runs(machine) <= machine.ram_budget_bytes - 150 * 2**20
+    del held
+    # a typical kernel where none was measured (config.t4_profile, stored measurements)
+    t4 = env.EMULATIONS["t4"]
+    assert t4.ram_budget_bytes == int(12.7 * GB) - int(1.2 * GB) - t4.kernel_rss_bytes
 
 
 def test_emulation_from_the_environment_variable(clean_env):

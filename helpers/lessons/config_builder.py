@@ -121,7 +121,7 @@ class ConfigForm:
 
     def limits(self) -> dict[str, int]:
         """Limits to draw: this GPU (or the emulated T4), the RAM budget, the free disk."""
-        gpu = self.environment.vram_total_bytes or self.t4.gpu_bytes
+        gpu = self.environment.vram_total_bytes or self.t4.gpu_cap_bytes
         return {"gpu": gpu, "cpu": self.environment.ram_budget_bytes, "nvme": self.environment.disk_free_bytes}
 
     def save(self) -> Path | None:

@@ -95,7 +95,7 @@ def check_invariants(environment: Environment) -> list[tuple[str, bool]]:
     folder = Path(environment.offload_dir)
     checks.append((f"the offload folder {folder} is writable", _writable_folder(folder)))
     if environment.emulation and environment.has_gpu:
-        checks.append((f"GPU memory is capped at {environment.emulation.gpu_bytes / GiB:.0f} GiB "
+        checks.append((f"GPU memory is capped at {environment.emulation.gpu_cap_bytes / GiB:.2f} GiB "
                        "(a larger allocation fails)", bool(check_gpu_cap(environment))))
     return checks
 

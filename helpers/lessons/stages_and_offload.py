@@ -19,23 +19,26 @@ from helpers import env as kit_env
 from helpers.show import Table, GiB
 
 def plot(rows: list[runner.Row], environment: kit_env.Environment):
-    """Four figures: GPU memory against the T4's 15 GiB, host RAM against Colab's 12.7 GB, seconds per
+    """Four figures: GPU memory against the T4's cap, host RAM against a run's share of Colab's, seconds per
     step, loss curves."""
 
 
     labels = [r.label for r in rows]
+    budget = (environment.ram_budget_bytes if environment.emulation
+              else kit_env.EMULATIONS["t4"].ram_budget_bytes)
     figures = []
     if environment.has_gpu:
         figures.append(show.memory_bars(
             labels, [(r.result.peak_gpu_allocated_bytes or 0) / GiB or None for r in rows],
             [r.estimate.total("gpu") / GiB if r.estimate else None for r in rows],
             (environment.gpu_cap_bytes or environment.vram_total_bytes) / GiB, "Peak GPU memory",
-            "this GPU's limit" if not environment.emulation else "T4: 15 GiB"))
+            "this GPU's limit" if not environment.emulation
+            else f"T4: {environment.gpu_cap_bytes / GiB:.2f} GiB"))
     figures.append(show.memory_bars(
         labels, [(r.result.peak_host_rss_bytes or 0) / GiB or None for r in rows],
         [r.estimate.total("cpu") / GiB if r.estimate else None for r in rows],
-        kit_env.EMULATIONS["t4"].ram_budget_bytes / GiB, "Peak host RAM (RSS of the run's processes)",
-        "free Colab: 12.7 GB"))
+        budget / GiB, "Peak host RAM (RSS of the run's processes)",
+        f"a run's share of free Colab: {budget / GiB:.1f} GiB"))
     figures.append(show.step_times(labels, [r.result.median_step_s for r in rows],
                                     "Seconds per step (median, first step left out)"))
     figures.append(show.loss_curves({r.label: r.result.losses for r in rows if r.result.losses},

@@ -234,13 +234,15 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
     timed = sorted(r["tokens_per_s"] for r in recs[1:]) or [0.0]
     peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in recs), default=0)
     peak_rss = max((r["host_rss_bytes"] for r in recs), default=0)
-    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's 15" if environment.has_gpu
+    cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes / GiB
+    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's {cap:.2f}" if environment.has_gpu
              else "no GPU here: the CPU trained in fp32")
     simulated = " (simulated on CPU)" if "simulated" in oom.message else ""
     return [
         f"{config_name} through the Trainer: {len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f} "
         f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}.",
-        f"Memory: {where}; host RSS {peak_rss / kit_env.GB:.1f} GB of free Colab's 12.7.",
+        f"Memory: {where}; host RSS of this kernel {peak_rss / kit_env.GB:.1f} GB of the "
+        f"{kit_env.EMULATIONS['t4'].notebook_ram_bytes / kit_env.GB:.1f} GB a free Colab leaves it.",
         f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
         f"resume_from_checkpoint continued at the next step: {resumed_at}.",
         f"Out of GPU memory{simulated} came back as advice, not a crash: {oom.message[:90]}.",
@@ -248,7 +250,8 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
 
 
 def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
-    """Steps, tokens/s, peak GPU against the T4's 15 GiB, peak host RSS against 12.7 GB, time."""
+    """Steps, tokens/s, peak GPU against the T4's cap, peak host RSS against what free Colab leaves
+    the kernel (12.7 GB less the VM's own use), time."""
     t4 = kit_env.EMULATIONS["t4"]
     recs = run.records
     timed = [r["tokens_per_s"] for r in recs[1:]] or [r["tokens_per_s"] for r in recs]
@@ -257,8 +260,9 @@ def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
     rows = [("steps", len(recs), ""),
             ("tokens/s (median)", f"{sorted(timed)[len(timed) // 2]:,.0f}" if timed else "-", "first step left out"),
             ("peak GPU memory", f"{peak_gpu / GiB:.2f} GiB" if environment.has_gpu else "-",
-             f"of a T4's {t4.gpu_bytes / GiB:.0f} GiB" if environment.has_gpu else "no GPU"),
-            ("peak host RSS", f"{peak_rss / kit_env.GB:.2f} GB", f"of free Colab's {t4.ram_budget_bytes / kit_env.GB:.1f} GB"),
+             f"of a T4's {t4.gpu_cap_bytes / GiB:.2f} GiB" if environment.has_gpu else "no GPU"),
+            ("peak host RSS of this kernel", f"{peak_rss / kit_env.GB:.2f} GB",
+             f"of the {t4.notebook_ram_bytes / kit_env.GB:.1f} GB free Colab leaves it"),
             ("skipped (overflow) steps", recs[-1]["skipped_steps"] if recs else 0, "fp16 loss scaling backs off"),
             ("time", f"{run.seconds:.1f} s", "")]
     return Table(["what", "value", "against"], rows, title=f"Training run, {environment.measured_on()}")
