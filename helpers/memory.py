@@ -77,8 +77,10 @@ SLICED_STEP_FLOOR = int(0.25 * GiB)
 #: Host RSS that a ZeRO-3 run with offload whose model was built under ``deepspeed.zero.Init``
 #: keeps above the process base, its gradients, its step and its swap buffers (it has no
 #: host-built model to leave behind): the residual of notebook 06's NVMe rungs at 774M and 2.7B
-#: (the ladder's fit rows, GPU_RUNS.md run 14), 0.98 and 1.06 GiB.
-ZERO_INIT_HOST_BYTES = int(1.02 * GiB)
+#: (the ladder's fit rows, GPU_RUNS.md run 14), 0.38 and 0.37 GiB once the optimizer's swap
+#: buffers are sized to the largest sub-group, as DeepSpeed sizes them (1.02 GiB before, when
+#: they were sized to ``sub_group_size`` and this constant absorbed the difference).
+ZERO_INIT_HOST_BYTES = int(0.38 * GiB)
 #: Host RSS when the fp32 model has just been built (before ``deepspeed.initialize``): this
 #: constant, 4 bytes per parameter, and 4 bytes per element of the output head that transformers
 #: allocates before tying it to the input embedding (tied models only). The constant is the
@@ -201,6 +203,9 @@ class ModelInfo:
     rms_norm: bool | None = None  # RMSNorm, not LayerNorm (None: every family but GPT-2's)
     largest_module_numel: int = 0  # the most parameters one module holds itself; 0: the largest
     max_positions: int = 0  # the longest sequence the model takes (0: no limit known)
+    #: every parameter's element count, in ``model.parameters()`` order (the order ZeRO-3 groups
+    #: them into optimizer sub-groups); empty for a bare count
+    param_numels: tuple[int, ...] = ()
 
     def __post_init__(self):
         self.intermediate = self.intermediate or 4 * self.hidden
@@ -254,6 +259,7 @@ class ModelInfo:
             largest_module_numel=max(modules),
             max_positions=(getattr(config, "max_position_embeddings", None)
                            or getattr(config, "n_positions", None) or 0),
+            param_numels=tuple(sizes),
         )
 
     @classmethod
@@ -287,6 +293,27 @@ class ModelInfo:
             50257,
             name,
         )
+
+
+def largest_sub_group_numel(model: ModelInfo, sub_group_size: int, world_size: int = 1) -> int:
+    """The most elements one ZeRO-3 optimizer sub-group holds on a rank, as DeepSpeed 0.19 groups
+    them (stage3.py, ``_create_fp16_sub_groups``): parameters in order, each rank's partition of
+    each, a sub-group closed once it reaches ``sub_group_size``. A parameter is never split, so a
+    sub-group holds at least the largest one (a big vocabulary's embedding). DeepSpeed sizes the
+    NVMe optimizer's swap buffers to it. Without the parameter list (a bare count): the bound
+    ``sub_group_size`` + the largest partition."""
+    n = max(1, world_size)
+    parts = [-(-numel // n) for numel in model.param_numels]
+    if not parts:
+        return min(model.n_params, sub_group_size + -(-model.largest_param_numel // n))
+    if sub_group_size >= sum(parts):
+        return sum(parts)
+    largest = current = 0
+    for numel in parts:
+        current += numel
+        if current >= sub_group_size:
+            largest, current = max(largest, current), 0
+    return max(largest, current)
 
 
 def _kv_heads(config, heads: int) -> int:
@@ -511,12 +538,12 @@ def estimate(
             int(par_cfg.get("buffer_count", 5)) * int(par_cfg.get("buffer_size", 1e8)) * w,
         )
     if host_opt == "nvme":
+        # DeepSpeed's optimizer swapper: buffer_count page-locked fp32 buffers, each as large as
+        # the largest sub-group (whatever pin_memory says), so a big embedding sets their size
         opt_cfg = zero.get("offload_optimizer") or {}
-        est.add(
-            "cpu",
-            "optimizer swap buffers",
-            int(opt_cfg.get("buffer_count", 4)) * int(zero.get("sub_group_size", 1e9)) * FP32,
-        )
+        group = largest_sub_group_numel(model, int(zero.get("sub_group_size", 1e9)), world_size)
+        est.add("cpu", "optimizer swap buffers",
+                int(opt_cfg.get("buffer_count", 4)) * group * FP32)
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
         est.add("cpu", "pinned buffers", p * HOST_PINNED_BYTES / n)
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")

@@ -137,11 +137,12 @@ def test_verdict_boundaries():
     assert "nvme" not in tight  # nothing on the disk: no disk verdict
 
 
-def test_the_774m_stage_3_run_that_ran_out_is_tight_not_fits():
-    # issue 16: predicted 14.48 GiB and "fits", then out of memory at the 15 GiB cap
+def test_the_774m_stage_3_run_that_ran_out_does_not_fit_a_t4():
+    # issue 16: predicted 14.48 GiB and "fits", then out of memory at the old 15 GiB cap; a T4's
+    # allocator has 14.75 GiB less the CUDA context, so it does not fit there
     row = next(r for r in ROWS if r["id"] == "i16-774m-s3-8x512")
     p = measurements.predict(row)
-    assert p.words["gpu"] == memory.TIGHT and p.estimate.total("gpu") > 13.2 * GiB
+    assert p.words["gpu"] == memory.NO_FIT and p.estimate.total("gpu") > 14 * GiB
 
 
 def test_layer_activations_follow_the_architecture():
@@ -199,8 +200,8 @@ def test_the_form_shows_tight_in_orange_and_does_not_fit_in_red(tmp_path):
     from helpers.lessons.config_builder import ConfigForm
 
     cpu = dataclasses.replace(kit_env.describe(), vram_total_bytes=None)
-    form = ConfigForm(cpu, shape="gpt2-774m", micro_batch=8, seq_len=512, folder=tmp_path)
-    # issue 16's out-of-memory run: GPT-2 774M, stage 3, 8 x 512, checkpointing
+    form = ConfigForm(cpu, shape="gpt2-774m", micro_batch=6, seq_len=512, folder=tmp_path)
+    # beside issue 16's out-of-memory run (GPT-2 774M, stage 3, 8 x 512, checkpointing): 6 x 512
     form.set(precision="fp16", stage=3, trainer=False, grad_ckpt=True)
     gpu_bar = form.bars.value.split("GPU</span>", 1)[1].split("</div>", 1)[0]
     assert "#ef6c00" in gpu_bar and "tight (within 10% of the limit)" in gpu_bar, gpu_bar
@@ -290,7 +291,9 @@ def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build
         assert r["zero_init"] and claims.within(sum(host.values()), r["peak_host_rss_bytes"], rtol)
         assert "zero.Init build" in host and "model build" not in host
     top = by_id[LADDER[-1]]
-    assert measurements.predict(top).words["cpu"] != memory.NO_FIT  # it ran: 11.24 GiB
+    # it ran at 11.24 GiB, past what a run has on a real free Colab (12.7 GB less the VM's own use
+    # and the kernel's): the kit no longer calls it a fit
+    assert measurements.predict(top).words["cpu"] == memory.NO_FIT
     whole = measurements.predict({**top, "overflow_check": measurements.WHOLE_OVERFLOW_CHECK})
     assert whole.estimate.total("cpu") > 1.2 * top["peak_host_rss_bytes"]
     assert whole.words["cpu"] == memory.NO_FIT
@@ -317,7 +320,7 @@ def test_zero_init_constant_step_floor_and_sliced_step_are_needed(monkeypatch):
     assert measurements.predict(small).estimate.total("cpu") < 0.92 * small["peak_host_rss_bytes"]
     monkeypatch.setattr(memory, "ZERO_INIT_HOST_BYTES", 0)
     assert not claims.within(measurements.predict(top).estimate.total("cpu"),
-                             top["peak_host_rss_bytes"], 0.05)
+                             top["peak_host_rss_bytes"], 0.025)
     # runs from before the fix held the whole-buffer check's bytes: predicted so, they match;
     # predicted as sliced, they read more than 10% low
     before = next(r for r in ROWS if r["id"] == "r10-355m-s3cpu")

@@ -82,7 +82,8 @@ def test_the_command_line_sizes_a_save_pretrained_folder_offline(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"{folder}: ") and "GPU 15.0 GiB" in lines[0]
+    cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes / 2**30
+    assert lines[0].startswith(f"{folder}: ") and f"GPU {cap:.1f} GiB" in lines[0]
     rows = len(sizing.config.STAGE_ROWS) + 1  # and the zero.Init row
     assert sum(line.startswith("stage ") for line in lines) == rows and "verdicts for:" in lines[-1]
 
@@ -102,13 +103,15 @@ def test_side_by_side_puts_each_estimator_where_it_has_a_figure(t4):
 
 
 def test_the_zero_init_row_agrees_with_notebook_06s_27b_run(t4):
-    # Notebook 06 trains GPT-2 2.7B with ZeRO-3 + NVMe under zero.Init in 11.24 GiB of host RSS
-    # (GPU_RUNS.md run 14): the command line must not call it "does not fit", while the same model
-    # built on the host first (4 bytes per parameter before partitioning) does not fit Colab's RAM.
+    # Notebook 06 trained GPT-2 2.7B with ZeRO-3 + NVMe under zero.Init in 11.24 GiB of host RSS
+    # (GPU_RUNS.md run 14): the command line predicts that within 5%, and so calls it "does not
+    # fit" a run's share of free Colab (12.7 GB less the VM's 1.2 and the kernel's own RSS), as
+    # it does the same model built on the host first (4 bytes per parameter before partitioning).
     info, _ = sizing.resolve("gpt2-2.7b")
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
     inited, built = rows[sizing.ZERO_INIT_NVME], rows["stage 3 + NVMe offload"]
-    assert inited.verdicts["cpu"].word != memory.NO_FIT
+    assert inited.verdicts["cpu"].word == memory.NO_FIT
+    assert inited.verdicts["cpu"].limit < 11 * 10**9
     assert built.verdicts["cpu"].word == memory.NO_FIT
     assert inited.config["zero_optimization"]["offload_param"]["device"] == "nvme"
     assert abs(inited.estimate.total("cpu") / (11.24 * 2**30) - 1) < 0.05
