@@ -60,6 +60,9 @@ LLAMA_SHAPES: dict[str, LlamaShape] = {
                                       max_positions=8192, checkpoint="HuggingFaceTB/SmolLM2-135M", bos=0, eos=0),
     "smollm2-360m-shaped": LlamaShape(32, 960, 2560, 15, 5, 49152, tied=True, rope_theta=100000.0,
                                       max_positions=8192, checkpoint="HuggingFaceTB/SmolLM2-360M", bos=0, eos=0),
+    # a small 49k vocabulary at 1.7B: the embedding, and so ZeRO-Infinity's swap buffers, stay small
+    "smollm2-1.7b-shaped": LlamaShape(24, 2048, 8192, 32, 32, 49152, tied=True, rope_theta=130000.0,
+                                      max_positions=8192, checkpoint="HuggingFaceTB/SmolLM2-1.7B", bos=0, eos=0),
     "qwen2.5-0.5b-shaped": LlamaShape(24, 896, 4864, 14, 2, 151936, tied=True, rope_theta=1000000.0,
                                       max_positions=32768, family="qwen2", checkpoint="Qwen/Qwen2.5-0.5B",
                                       rms_norm_eps=1e-6, bos=151643, eos=151643),
@@ -72,7 +75,8 @@ LLAMA_SHAPES: dict[str, LlamaShape] = {
                                       bos=128000, eos=128001,
                                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    # past notebook 06's 2.7B headline: sized by helpers.sizing, not trained on Colab's RAM (README)
+    # notebook 06's moonshot: past what ZeRO-Infinity fits in free Colab's RAM (its 394M-element
+    # embedding sizes the optimizer's swap buffers; README, where DeepSpeed falls short)
     "llama-3.2-3b-shaped": LlamaShape(
         28, 3072, 8192, 24, 8, 128256, tied=True, rope_theta=500000.0, max_positions=131072,
         checkpoint="meta-llama/Llama-3.2-3B", bos=128000, eos=128001,

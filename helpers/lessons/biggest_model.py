@@ -21,11 +21,20 @@ from helpers import env as kit_env
 #: for 1.56B: fp16 weights, fp32 master weights, Adam's moments, gradient swap space).
 NVME_BYTES_PER_PARAM = 18.2
 DISK_MARGIN = 1.25
+NVME, NVME_OPTIMIZER = "ZeRO-3 + NVMe", "ZeRO-3 + NVMe optimizer, weights on GPU"
 METHODS: list[tuple[str, dict]] = [
     ("stage 0 (no ZeRO)", {"stage": 0}),
     ("ZeRO-2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
-    ("ZeRO-3 + NVMe", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+    (NVME, {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
+    # the fp16 weights stay on the GPU (2 bytes/param): no weight swap buffers in host RAM, no
+    # weight traffic on the disk; the optimizer's states still live on NVMe
+    (NVME_OPTIMIZER, {"stage": 3, "offload_optimizer": "nvme"}),
 ]
+
+
+def is_nvme(method: str) -> bool:
+    """Whether a ladder method offloads to NVMe (ZeRO-Infinity: either of the two)."""
+    return method in (NVME, NVME_OPTIMIZER)
 
 
 def nvme_bytes_needed(model: memory.ModelInfo) -> int:
@@ -76,11 +85,14 @@ def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float
     return write, read
 
 
-def predicted_nvme_step_s(model: memory.ModelInfo, write_mb_s: float, read_mb_s: float) -> float:
-    """A lower bound on a step's time: the optimizer states (12 B/param) read and written once, the
-    fp16 parameters (2 B/param) read twice (forward and backward)."""
+def predicted_nvme_step_s(model: memory.ModelInfo, write_mb_s: float, read_mb_s: float,
+                          weights_on_nvme: bool = True, micro_batches: int = 1) -> float:
+    """A lower bound on an optimizer step's time: the optimizer states (12 B/param) read and
+    written once per step, and with the weights on NVMe the fp16 parameters (2 B/param) read twice
+    (forward and backward) for each of the step's ``micro_batches``."""
     p = model.n_params
-    return (12 * p / 1e6) * (1 / read_mb_s + 1 / write_mb_s) + (4 * p / 1e6) / read_mb_s
+    weights = (4 * p / 1e6) / read_mb_s * micro_batches if weights_on_nvme else 0.0
+    return (12 * p / 1e6) * (1 / read_mb_s + 1 / write_mb_s) + weights
 
 
 @dataclass
@@ -91,6 +103,8 @@ class Rung:
     method: str
     result: runner.RunResult
     n_params: int
+    ram_limit_bytes: int | None = None  # the run was killed past this (its share of the notebook's RAM)
+    spec: runner.RunSpec | None = None  # what ran (None: not tried)
 
 
 def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
@@ -107,7 +121,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
-        skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why), info.n_params))
+        skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why),
+                                                     info.n_params, ram_limit_bytes))
         if method in stopped and not (shape == headline and choice["stage"] == 0):
             skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
             continue
@@ -131,7 +146,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                 skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
                 continue
-            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps)
+            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps,
+                                      offload_param=choice.get("offload_param", "none"))
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
@@ -139,7 +155,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
                              zero_init=choice["stage"] == 3, timeout_s=3600)
         result = runner.measure(spec)
-        rungs.append(Rung(shape, method, result, info.n_params))
+        rungs.append(Rung(shape, method, result, info.n_params, ram_limit_bytes, spec))
         if result.status == runner.OK:
             last[method] = (info.n_params, result.wall_s)
         else:
@@ -182,12 +198,13 @@ def plot_largest(rungs: list[Rung]):
     best = largest_per_method(rungs)
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     names = list(best)
-    ax.barh(names, [(b.n_params / 1e9 if b else 0) for b in best.values()], color=["gray", "tab:orange", "tab:green"])
+    ax.barh(names, [(b.n_params / 1e9 if b else 0) for b in best.values()],
+            color=["gray", "tab:orange", "tab:green", "tab:blue"][:len(names)])
     for i, b in enumerate(best.values()):
         ax.text((b.n_params / 1e9 if b else 0), i, f" {b.shape} ({b.result.median_step_s:.1f} s/step)" if b else " none",
                 va="center", fontsize=8)
     ax.set_xlabel("largest model trained (billions of parameters)")
-    ax.set_title("Inside the T4 envelope: 15 GiB GPU, 12.7 GB RAM")
+    ax.set_title("Inside the T4 envelope: a T4's GPU, free Colab's RAM")
     fig.tight_layout()
     return fig
 
@@ -226,19 +243,140 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
     host RAM went (peak RSS per phase of the run, GiB)."""
     rows = []
     for r in rungs:
-        if r.method != "ZeRO-3 + NVMe" or r.result.status != runner.OK:
+        if not is_nvme(r.method) or r.result.status != runner.OK:
             continue
         info = memory.ModelInfo.for_shape(r.shape)
-        bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s)
+        bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=r.method == NVME)
         step = r.result.median_step_s
         peaks = phase_peaks(r.result)
-        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", show.seconds(step), show.seconds(bound),
+        rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", r.method.removeprefix("ZeRO-3 + "),
+                     show.seconds(step), show.seconds(bound),
                      f"{step / bound:.1f}x" if step and bound else "-",
                      *(show.gib(peaks.get(name)) for name, _ in RSS_PHASES),
                      show.gib(r.result.peak_host_rss_bytes or None)))
-    return Table(["model", "parameters", "s/step", "disk bound s", "vs bound",
+    return Table(["model", "parameters", "NVMe holds", "s/step", "disk bound s", "vs bound",
                   *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)"], rows,
                  title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")
+
+
+def rung_estimate(rung: Rung, environment: kit_env.Environment) -> memory.Estimate | None:
+    """The kit's estimate for what a rung ran (None for a rung not tried)."""
+    spec = rung.spec
+    if spec is None:
+        return None
+    return memory.estimate(memory.ModelInfo.for_shape(rung.shape), spec.ds_config,
+                           seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt,
+                           on_gpu=environment.has_gpu, zero_init=spec.zero_init)
+
+
+def rung_verdict(rung: Rung, environment: kit_env.Environment) -> str | None:
+    """The estimator's verdict for a rung against the limits it ran under: the GPU cap and the
+    run's RAM budget (None for a rung not tried)."""
+    est = rung_estimate(rung, environment)
+    if est is None:
+        return None
+    limits = {"gpu": environment.vram_total_bytes if environment.has_gpu else None,
+              "cpu": rung.ram_limit_bytes or environment.ram_budget_bytes}
+    needs = {"gpu": est.total("gpu"), "cpu": est.total("cpu")}
+    return memory.worst_verdict([v.word for v in memory.verdicts(needs, limits).values()])
+
+
+def prediction_table(rungs: list[Rung], environment: kit_env.Environment) -> Table:
+    """Each rung tried: predicted and measured GPU and host peaks (GiB), and the verdict the
+    estimator gave before the run, against what happened."""
+    rows = []
+    for r in rungs:
+        est = rung_estimate(r, environment)
+        if est is None:
+            continue
+        res = r.result
+        err = lambda pred, meas: f"{(pred - meas) / meas:+.0%}" if meas else "-"
+        rows.append((r.shape, r.method, rung_verdict(r, environment), res.status,
+                     show.gib(est.total("gpu")) if environment.has_gpu else "-",
+                     show.gib(res.peak_gpu_allocated_bytes),
+                     err(est.total("gpu"), res.peak_gpu_allocated_bytes) if environment.has_gpu else "-",
+                     show.gib(est.total("cpu")), show.gib(res.peak_host_rss_bytes or None),
+                     err(est.total("cpu"), res.peak_host_rss_bytes) if res.status == runner.OK else "-"))
+    return Table(["model", "method", "predicted", "happened", "GPU pred", "GPU meas", "GPU err",
+                  "host pred", "host meas", "host err"], rows,
+                 title="The estimator before each rung, against the run (GiB)")
+
+
+def prediction_claims(rungs: list[Rung], environment: kit_env.Environment,
+                      gpu_rtol: float = 0.10, host_rtol: float = 0.15) -> list[claims.Claim]:
+    """The estimator's claims on this ladder: no rung it called "fits" ran out of GPU memory or
+    was killed for RAM; on a GPU, each ZeRO-3 + NVMe rung that ran is within ``gpu_rtol`` on GPU
+    memory and ``host_rtol`` on host RAM (on a CPU the tiny rungs are mostly the process's base)."""
+    tried = [r for r in rungs if r.spec is not None and runner.explained(r.result)]
+    fits = [r for r in tried if rung_verdict(r, environment) == memory.FITS]
+    out = [("no rung the estimator called 'fits' ran out of GPU memory or was killed for RAM "
+            f"({len(fits)} called 'fits')",
+            bool(tried) and all(r.result.status not in (runner.OOM, runner.KILLED_RAM) for r in fits))]
+    if environment.has_gpu:
+        ran = [r for r in tried if is_nvme(r.method) and r.result.status == runner.OK]
+        for r in ran:
+            est = rung_estimate(r, environment)
+            out.append((f"{r.shape} {r.method}: predicted within {gpu_rtol:.0%} on the GPU and "
+                        f"{host_rtol:.0%} on host RAM",
+                        claims.within(est.total("gpu"), r.result.peak_gpu_allocated_bytes, gpu_rtol)
+                        and claims.within(est.total("cpu"), r.result.peak_host_rss_bytes, host_rtol)))
+    return out
+
+
+def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, micro_batch: int,
+                         seq_len: int, nvme_path: str | os.PathLike) -> Table:
+    """Where a ZeRO-Infinity run's host RAM goes, predicted for each shape and both NVMe methods
+    (GiB): the consumers a big vocabulary inflates (swap buffers sized to the embedding) beside
+    the ones that grow with every parameter (the fp16 gradient partition)."""
+    kinds = [("process", "process"), ("zero.Init build", "model build"), ("grads", "fp16 grads"),
+             ("optimizer swap buffers", "optimizer buffers"),
+             ("parameter swap buffers", "weight buffers"), ("step temporaries", "step")]
+    rows = []
+    for shape in shapes:
+        info = memory.ModelInfo.for_shape(shape)
+        for method, choice in METHODS:
+            if not is_nvme(method):
+                continue
+            ds = config.zero_infinity(info, environment, micro_batch, nvme_path,
+                                      offload_param=choice.get("offload_param", "none"))
+            est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=environment.has_gpu,
+                                  zero_init=True)
+            cpu = est.parts.get("cpu", {})
+            rows.append((shape, f"{info.n_params / 1e6:,.0f}M", f"{info.largest_param_numel / 1e6:,.0f}M",
+                         method.removeprefix("ZeRO-3 + "),
+                         *(show.gib(cpu.get(k) or None) for k, _ in kinds),
+                         show.gib(est.total("cpu")), show.gib(est.total("gpu"))))
+    return Table(["model", "parameters", "largest tensor", "NVMe holds",
+                  *(label for _, label in kinds), "host total", "GPU"], rows,
+                 title="Where host RAM goes under ZeRO-Infinity, predicted (GiB)")
+
+
+def throughput_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float,
+                     accumulations: tuple[int, ...] = (1, 4, 16)) -> Table:
+    """Tokens/s and hours per million training tokens for each NVMe rung that ran, and what
+    gradient accumulation would make of them: each optimizer step reads and writes the optimizer
+    states once (the disk's bound for that part, from the probe), whatever the number of
+    micro-batches, so k micro-batches per step cost ``fixed + k x (measured - fixed)``."""
+    rows = []
+    for r in rungs:
+        if not is_nvme(r.method) or r.result.status != runner.OK or not r.result.median_step_s:
+            continue
+        info = memory.ModelInfo.for_shape(r.shape)
+        fixed = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=False)
+        per_micro = max(r.result.median_step_s - fixed, 0.0)
+        tokens = r.spec.micro_batch * r.spec.seq_len
+        cells = []
+        for k in accumulations:
+            step = fixed + k * per_micro
+            cells += [f"{k * tokens / step:,.0f}", f"{1e6 * step / (k * tokens) / 3600:.1f}"]
+        k = accumulations[-1]
+        cells.append(f"{1000 * (fixed + k * per_micro) / 3600:.1f}")
+        rows.append((r.shape, r.method.removeprefix("ZeRO-3 + "), show.seconds(r.result.median_step_s),
+                     show.seconds(fixed), *cells))
+    head = [h for k in accumulations for h in (f"tok/s, {k} micro", f"h per M tok, {k} micro")]
+    return Table(["model", "NVMe holds", "s/step (1 micro)", "optimizer I/O s", *head,
+                  f"h for 1,000 steps of {accumulations[-1]}"], rows,
+                 title="Throughput a learner can plan with (from this run's step times and disk probe)")
 
 
 def starting_loss_ok(result: runner.RunResult, vocab: int, tolerance: float = 1.5) -> bool:
@@ -264,7 +402,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
     with ZeRO-3 + NVMe for at least 5 steps with a falling loss, its peak host RSS within the RAM
     budget (and on a GPU its peak within the GPU cap, under T4 emulation); on a GPU the same size
     under stage 0 runs out of GPU memory."""
-    nvme_ok = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
+    nvme_ok = [r for r in rungs if is_nvme(r.method) and r.result.status == runner.OK]
     smallest = rungs[0].shape if rungs else None
     first = [r for r in rungs if r.shape == smallest and "nvme" not in r.method.lower()]
     out = [("every rung ran, or hit a limit, or says why it did not run (no errors)",
@@ -273,28 +411,32 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
             claims.every(r.result.status == runner.OK for r in first))]
     if nvme_ready:
         vocab = lambda r: memory.ModelInfo.for_shape(r.shape).vocab
-        out += [(f"libaio is ready, so ZeRO-3 + NVMe trained ({len(nvme_ok)} sizes)", bool(nvme_ok)),
+        out += [(f"libaio is ready, so ZeRO-3 + NVMe trained ({len(nvme_ok)} runs)", bool(nvme_ok)),
                 ("NVMe runs start from a normal loss (about ln of the vocabulary, not ~100)",
                  claims.every(starting_loss_ok(r.result, vocab(r)) for r in nvme_ok))]
-        out += [claims.loss_falls_claim(f"{r.shape} ZeRO-3 + NVMe", r.result.losses) for r in nvme_ok]
+        out += [claims.loss_falls_claim(f"{r.shape} {r.method}", r.result.losses) for r in nvme_ok]
         out.append((f"the optimizer step adds at most {STEP_RISE_BYTES_PER_PARAM:g} bytes/param of host RAM"
                     " over forward and backward (ZeRO-3 + NVMe; DeepSpeed's own overflow check added 3)",
                     claims.every(step_rise_ok(r.result, r.n_params) for r in nvme_ok)))
     else:
-        nvme_rows = [r for r in rungs if r.method == "ZeRO-3 + NVMe"]
+        nvme_rows = [r for r in rungs if is_nvme(r.method)]
         out.append(("libaio is missing, so every ZeRO-3 + NVMe rung is reported as not run here, with"
                     " the command that installs it (no NVMe claim is made)",
                     bool(nvme_rows) and claims.every(r.result.status == runner.NOT_HERE
                                                      and "libaio" in r.result.message
                                                      for r in nvme_rows)))
     if headline and nvme_ready:
-        top = next((r for r in nvme_ok if r.shape == headline), None)
+        # the headline under either NVMe method: the one with the lower host RAM peak
+        tops = sorted((r for r in nvme_ok if r.shape == headline),
+                      key=lambda r: r.result.peak_host_rss_bytes)
+        top = tops[0] if tops else None
         res = top.result if top else None
-        budget = environment.ram_budget_bytes
-        out += [(f"{headline} trains with ZeRO-3 + NVMe", bool(top)),
+        budget = (top and top.ram_limit_bytes) or environment.ram_budget_bytes
+        out += [(f"{headline} trains with ZeRO-3 + NVMe" + (f" ({top.method})" if top else ""),
+                 bool(top)),
                 (f"{headline}: at least 5 optimizer steps", bool(res) and res.steps_done >= 5),
                 claims.loss_falls_claim(headline, res.losses if res else []),
-                (f"{headline}: peak host RSS within the {budget / 1e9:.1f} GB RAM budget",
+                (f"{headline}: peak host RSS within the run's {budget / 1e9:.1f} GB RAM budget",
                  bool(res) and 0 < res.peak_host_rss_bytes <= budget)]
     if headline and environment.has_gpu:
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
@@ -302,7 +444,7 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                     bool(plain and plain.result.status == runner.OOM)))
         if nvme_ready:
             emulated = environment.emulation
-            cap = emulated.gpu_bytes if emulated else (environment.vram_total_bytes or 0)
+            cap = emulated.gpu_cap_bytes if emulated else (environment.vram_total_bytes or 0)
             out.append((f"{headline}: peak GPU memory within {cap / GiB:.1f} GiB, T4 emulation on",
                         bool(res) and emulated is not None
                         and (res.peak_gpu_allocated_bytes or 0) <= cap))
@@ -328,11 +470,11 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
         gpu = f"{r.result.peak_gpu_allocated_bytes / GiB:.2f} GiB GPU, " if environment.has_gpu else ""
         lines.append(f"{method}: up to {r.shape} ({r.n_params / 1e6:,.0f}M parameters), {gpu}"
                      f"{r.result.peak_host_rss_bytes / GiB:.1f} GiB RAM, {r.result.median_step_s:.2f} s a step.")
-    nvme = [r for r in rungs if r.method == "ZeRO-3 + NVMe" and r.result.status == runner.OK]
+    nvme = [r for r in rungs if is_nvme(r.method) and r.result.status == runner.OK]
     if nvme and phase_peaks(nvme[-1].result):
         top = nvme[-1]
         peaks, rise = phase_peaks(top.result), step_rise(top.result) or 0
-        lines.append(f"Host RAM at {top.shape} under ZeRO-3 + NVMe: {peaks.get('model built', 0) / GiB:.1f}"
+        lines.append(f"Host RAM at {top.shape} under {top.method}: {peaks.get('model built', 0) / GiB:.1f}"
                      f" GiB once built, {peaks.get('deepspeed.initialize', 0) / GiB:.1f} GiB after "
                      f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
                      f"backward ({rise / top.n_params:.2f} bytes/param).")
@@ -439,7 +581,7 @@ def finetune_table(run: FinetuneRun, environment: kit_env.Environment, eval_befo
     rows = [("offload (parameters and optimizer)", offload),
             ("peak GPU memory (allocated)", gpu),
             ("peak host RAM of this kernel", f"{run.peak_host_rss_bytes / GB:.2f} GB "
-             f"(budget {environment.ram_budget_bytes / GB:.1f} GB)"),
+             f"(the notebook has {environment.notebook_ram_bytes / GB:.1f} GB)"),
             ("median seconds per optimizer step", f"{run.median_step_s:.2f}"),
             ("tokens per second", f"{run.tokens_per_s:,.0f}"),
             ("hours per million training tokens", f"{hours_per_m:.2f}"),
@@ -456,6 +598,15 @@ def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, log
     cap under T4 emulation)."""
     steps = len(run.losses)
     tol = RELOAD_TOL.get(precision, RELOAD_TOL["fp16"])
+    runner.report({"probe": "finetune", "losses": run.losses, "step_seconds": run.step_seconds,
+                   "skipped_steps": run.skipped_steps, "tokens_per_step": run.tokens_per_step,
+                   "peak_host_rss_bytes": run.peak_host_rss_bytes,
+                   "peak_gpu_allocated_bytes": run.peak_gpu_allocated_bytes, "offload": run.offload,
+                   "eval_before": eval_before, "eval_after": eval_after, "logit_diff": logit_diff,
+                   "kernel_rss_bytes": environment.kernel_rss_bytes,
+                   "notebook_ram_bytes": environment.notebook_ram_bytes,
+                   "gpu_cap_bytes": environment.gpu_cap_bytes, "wall_s": run.wall_s,
+                   "trace": run.trace})
     out = [claims.loss_falls_claim("fine-tune", run.losses),
            (f"the held-out loss fell ({eval_before:.4f} -> {eval_after:.4f})",
             math.isfinite(eval_after) and eval_after < eval_before),
@@ -463,12 +614,12 @@ def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, log
             f" ({run.skipped_steps})", steps > 0 and run.skipped_steps <= MAX_SKIPPED_SHARE * steps),
            (f"the reloaded folder gives the trained model's logits (within {tol:g})",
             math.isfinite(logit_diff) and logit_diff <= tol),
-           (f"peak host RAM of the kernel within the {environment.ram_budget_bytes / GB:.1f} GB budget",
-            0 < run.peak_host_rss_bytes <= environment.ram_budget_bytes)]
+           (f"peak host RAM of the kernel within the {environment.notebook_ram_bytes / GB:.1f} GB"
+            " the notebook has", 0 < run.peak_host_rss_bytes <= environment.notebook_ram_bytes)]
     emulated = environment.emulation
     if environment.has_gpu and emulated is not None:
-        out.append((f"peak GPU memory within {emulated.gpu_bytes / GiB:.1f} GiB (T4 emulation)",
-                    0 < (run.peak_gpu_allocated_bytes or 0) <= emulated.gpu_bytes))
+        out.append((f"peak GPU memory within {emulated.gpu_cap_bytes / GiB:.2f} GiB (T4 emulation)",
+                    0 < (run.peak_gpu_allocated_bytes or 0) <= emulated.gpu_cap_bytes))
     return out
 
 
