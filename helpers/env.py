@@ -71,16 +71,17 @@ class Emulation:
         return self.notebook_ram_bytes - self.kernel_rss_bytes
 
 
-#: A free Colab T4. GPU: CUDA reports 14.75 GiB on a T4 (nvidia-smi rounds it to 15 GiB); the CUDA
-#: context of a PyTorch process sits outside the allocator: measured on the GPU machine (H200,
-#: torch 2.11, CUDA 13, lazy module loading; GPU_RUNS.md run 19; a T4's, with fewer SMs, is no
-#: larger). RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
+#: A free Colab T4. GPU: CUDA reports 14.75 GiB on a T4 (nvidia-smi rounds it to 15 GiB; the
+#: driver's own reserve is already left out of that total); the CUDA context of a PyTorch process
+#: sits outside the allocator: 0.068 GiB measured on the GPU machine after a first cuBLAS matmul
+#: (tools/gpu_cuda_context.py: H200, torch 2.11, CUDA 13, lazy module loading; GPU_RUNS.md run 19).
+#: Lazy loading grows it as new kernels are first used, so it is a floor. RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
 #: 1.4 GB as Colab's users report it); a kernel that imported torch and the kit holds about
 #: 0.7 GB more (measured by describe() where a notebook runs).
 EMULATIONS: dict[str, Emulation] = {
     "t4": Emulation("t4", "Colab T4", gpu_bytes=int(14.75 * GiB), capability=(7, 5),
                     ram_bytes=int(12.7 * GB), vm_overhead_bytes=int(1.2 * GB),
-                    cuda_context_bytes=int(0.5 * GiB), kernel_rss_bytes=int(0.7 * GB)),
+                    cuda_context_bytes=int(0.07 * GiB), kernel_rss_bytes=int(0.7 * GB)),
 }
 _OFF = {"", "none", "off", "0", "false", "no"}
 _ON = {"1", "true", "yes", "on"}

@@ -123,3 +123,112 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     assert [row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
     lines = biggest_model.takeaways(rungs, env.describe())
     assert any("optimizer step +1.00 GiB over forward and backward (8.66 bytes/param)" in l for l in lines)
+
+
+# ---- modern shapes, the weights-on-GPU method, and the estimator held to the ladder (issue 26) ----
+
+
+def test_the_optimizer_only_method_keeps_the_weights_on_the_gpu_and_prefetches(tmp_path):
+    t4 = config.t4_profile(env.describe())
+    both = config.zero_infinity(XL, t4, 4, tmp_path)["zero_optimization"]
+    only = config.zero_infinity(XL, t4, 4, tmp_path, offload_param="none")["zero_optimization"]
+    assert both["offload_param"]["device"] == "nvme" and "offload_param" not in only
+    assert only["offload_optimizer"]["device"] == "nvme"
+    # NVMe prefetch took every free swap buffer ("Not enough buffers 0 for swapping 1", run 18)
+    assert both["stage3_prefetch_bucket_size"] == 0 and only["stage3_prefetch_bucket_size"] > 0
+    # a step moves the optimizer's states either way; the weights' reads only when they are on NVMe
+    gib_s = 1024.0
+    on_gpu = biggest_model.predicted_nvme_step_s(XL, gib_s, gib_s, weights_on_nvme=False)
+    assert on_gpu == pytest.approx(24 * XL.n_params / 1e6 / gib_s)
+    assert biggest_model.predicted_nvme_step_s(XL, gib_s, gib_s) > on_gpu
+    assert (biggest_model.nvme_bytes_needed(XL, weights_on_nvme=False)
+            < biggest_model.nvme_bytes_needed(XL))
+
+
+def _ran(shape, method, gpu, host, status=runner.OK, limit=None):
+    info = memory.ModelInfo.for_shape(shape)
+    t4 = config.t4_profile(env.describe())
+    choice = dict(biggest_model.METHODS)[method]
+    ds = (config.zero_infinity(info, t4, 4, "/tmp/x", 5, offload_param=choice.get("offload_param", "none"))
+          if biggest_model.is_nvme(method) else
+          config.build(**choice, micro_batch=4, trainer=False, environment=t4, pin_memory=False))
+    spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=512, micro_batch=4, steps=5, grad_ckpt=True,
+                          zero_init=choice["stage"] == 3)
+    result = runner.RunResult(shape, status, "" if status == runner.OK else status,
+                              losses=[11.0, 9.0, 8.0, 7.0, 6.0] if status == runner.OK else [],
+                              steps_done=5, median_step_s=60.0, peak_gpu_allocated_bytes=int(gpu * 2**30),
+                              peak_host_rss_bytes=int(host * 2**30))
+    return biggest_model.Rung(shape, method, result, info.n_params, limit, spec)
+
+
+def _gpu_t4():
+    return dataclasses.replace(config.t4_profile(env.describe()), gpu_name="NVIDIA H200", gpu_count=1)
+
+
+def test_the_estimator_is_held_to_what_each_rung_did():
+    gpu = _gpu_t4()
+    # SmolLM2-1.7B-shaped, weights on the GPU: 4.63 GiB GPU, 7.52 GiB host (GPU_RUNS.md run 19)
+    good = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)
+    assert claims_failed(biggest_model.prediction_claims([good], gpu)) == []
+    # a host RAM far from the prediction fails on a GPU
+    off = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 10.0)
+    assert any("predicted within 10% on the GPU and 15% on host RAM" in c
+               for c in claims_failed(biggest_model.prediction_claims([off], gpu)))
+    # a rung called "fits" that ran out of memory fails, wherever it ran
+    small = _ran("gpt2-124m", "stage 0 (no ZeRO)", 0, 0, status=runner.OOM)
+    assert biggest_model.rung_verdict(small, gpu) == memory.FITS
+    assert claims_failed(biggest_model.prediction_claims([small], gpu))
+    # nothing tried proves nothing
+    assert claims_failed(biggest_model.prediction_claims([], gpu))
+    table = biggest_model.prediction_table([good, small], gpu)
+    assert len(table.rows) == 2 and table.rows[0][2] == memory.FITS
+
+
+def test_a_3b_llama_is_predicted_past_the_budget_even_with_its_weights_on_the_gpu():
+    """Killed for host RAM at 12.8 GB (GPU_RUNS.md run 19): the fp16 gradient partition and the
+    optimizer's swap buffers (sized to the 394M-element embedding) alone pass a run's budget."""
+    gpu = _gpu_t4()
+    killed = _ran("llama-3.2-3b-shaped", biggest_model.NVME_OPTIMIZER, 0, 11.88, runner.KILLED_RAM,
+                  limit=int(10.63e9))
+    assert biggest_model.rung_verdict(killed, gpu) == memory.NO_FIT
+    host = biggest_model.rung_estimate(killed, gpu).parts["cpu"]
+    assert host["grads"] + host["optimizer swap buffers"] > 10.63e9
+    assert host["optimizer swap buffers"] == 4 * 4 * memory.ModelInfo.for_shape("llama-3.2-3b-shaped").largest_param_numel
+    table = biggest_model.host_breakdown_table(["llama-3.2-3b-shaped", "smollm2-1.7b-shaped"], gpu, 4, 512, "/tmp/x")
+    assert [r[3] for r in table.rows] == ["NVMe", "NVMe optimizer, weights on GPU"] * 2
+    assert "fp16 grads" in table.header and "optimizer buffers" in table.header
+
+
+def test_throughput_spreads_the_optimizers_disk_traffic_over_accumulated_micro_batches():
+    rung = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)
+    table = biggest_model.throughput_table([rung], 1432.0, 1710.0)
+    row = dict(zip(table.header, table.rows[0]))
+    one, sixteen = (float(row[f"tok/s, {k} micro"].replace(",", "")) for k in (1, 16))
+    assert one == pytest.approx(2048 / 60.0, rel=0.02)
+    # the step's optimizer I/O (its disk bound) is paid once for 16 micro-batches
+    fixed = biggest_model.predicted_nvme_step_s(memory.ModelInfo.for_shape("smollm2-1.7b-shaped"),
+                                                1432.0, 1710.0, weights_on_nvme=False)
+    assert sixteen == pytest.approx(16 * 2048 / (fixed + 16 * (60.0 - fixed)), rel=0.02)
+    assert sixteen > one
+    # not a rung that did not run
+    assert biggest_model.throughput_table([_ran("gpt2-124m", biggest_model.NVME, 1, 1, runner.KILLED_RAM)],
+                                          1000, 1000).rows == []
+
+
+def test_the_kernel_hands_freed_memory_back_before_the_ladder():
+    import torch
+
+    class Cycle:  # only the garbage collector frees a cycle
+        pass
+
+    a, b = Cycle(), Cycle()
+    a.other, b.other, a.data = b, a, torch.ones(64 * 2**20)  # 256 MiB
+    del a, b
+    before, after = biggest_model.release_kernel_memory()
+    assert before - after > 128 * 2**20, (before, after)
+
+
+def claims_failed(held):
+    from helpers import claims
+
+    return claims.failed(held)
