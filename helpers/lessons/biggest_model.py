@@ -332,9 +332,10 @@ def prediction_claims(rungs: list[Rung], environment: kit_env.Environment,
 
 def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, micro_batch: int,
                          seq_len: int, nvme_path: str | os.PathLike) -> Table:
-    """Where a ZeRO-Infinity run's host RAM goes, predicted for each shape and both NVMe methods
-    (GiB): the consumers a big vocabulary inflates (swap buffers sized to the embedding) beside
-    the ones that grow with every parameter (the fp16 gradient partition)."""
+    """Where a ZeRO-Infinity run's host RAM goes on a T4 (a GPU beside the host, whatever this
+    machine has), predicted for each shape and both NVMe methods (GiB): the consumers a big
+    vocabulary inflates (swap buffers sized to the embedding) beside the ones that grow with every
+    parameter (the fp16 gradient partition)."""
     kinds = [("process", "process"), ("zero.Init build", "model build"), ("grads", "fp16 grads"),
              ("optimizer swap buffers", "optimizer buffers"),
              ("parameter swap buffers", "weight buffers"), ("step temporaries", "step")]
@@ -346,8 +347,7 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
                 continue
             ds = config.zero_infinity(info, environment, micro_batch, nvme_path,
                                       offload_param=choice.get("offload_param", "none"))
-            est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=environment.has_gpu,
-                                  zero_init=True)
+            est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=True, zero_init=True)
             cpu = est.parts.get("cpu", {})
             rows.append((shape, f"{info.n_params / 1e6:,.0f}M", f"{info.largest_param_numel / 1e6:,.0f}M",
                          method.removeprefix("ZeRO-3 + "),
@@ -355,7 +355,7 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
                          show.gib(est.total("cpu")), show.gib(est.total("gpu"))))
     return Table(["model", "parameters", "largest tensor", "NVMe holds",
                   *(label for _, label in kinds), "host total", "GPU"], rows,
-                 title="Where host RAM goes under ZeRO-Infinity, predicted (GiB)")
+                 title="Where host RAM goes under ZeRO-Infinity on a T4, predicted (GiB)")
 
 
 def throughput_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float,
@@ -523,6 +523,7 @@ class FinetuneRun:
     peak_host_rss_bytes: int
     peak_gpu_allocated_bytes: int | None
     offload: str = ""  # where the engine put the optimizer's states, as DeepSpeed reports it
+    param_offload: str = ""  # ...and the fp16 weights ("none": on the GPU)
     trace: list[dict] = field(default_factory=list)
 
     @property
@@ -579,13 +580,15 @@ class Watch:
         peak = max(p["peak_bytes"] for p in phases)
         gpu = torch.cuda.max_memory_allocated() if self._cuda else None
         return FinetuneRun(list(losses), list(step_seconds), int(skipped_steps), tokens_per_step,
-                           wall_s, peak, gpu, offload_of(engine), phases)
+                           wall_s, peak, gpu, offload_of(engine), offload_of(engine, "param"), phases)
 
 
-def offload_of(engine) -> str:
-    """The device DeepSpeed offloads the optimizer's states to ("nvme", "cpu", "none"), as the
-    engine itself reads its config ("" without an engine)."""
-    offload = engine.zero_offload_optimizer() if engine is not None else None
+def offload_of(engine, what: str = "optimizer") -> str:
+    """The device DeepSpeed offloads the optimizer's states (or, with ``what="param"``, the fp16
+    weights) to ("nvme", "cpu", "none"), as the engine itself reads its config ("" without an
+    engine)."""
+    read = {"optimizer": "zero_offload_optimizer", "param": "zero_offload_param"}[what]
+    offload = getattr(engine, read)() if engine is not None else None
     device = getattr(offload, "device", None)
     return str(getattr(device, "value", device) or ("none" if engine is not None else ""))
 
@@ -608,7 +611,9 @@ def finetune_table(run: FinetuneRun, environment: kit_env.Environment, eval_befo
     """The fine-tune in one table: memory, time, throughput, held-out loss before and after."""
     gpu = "-" if run.peak_gpu_allocated_bytes is None else f"{run.peak_gpu_allocated_bytes / GiB:.2f} GiB"
     hours_per_m = 1e6 / run.tokens_per_s / 3600 if run.tokens_per_s > 0 else math.nan
-    rows = [("offload (parameters and optimizer)", offload),
+    rows = [("offload of the optimizer's states", offload),
+            ("offload of the fp16 weights", {"none": "none (on the GPU)"}.get(
+                run.param_offload, run.param_offload or "-")),
             ("peak GPU memory (allocated)", gpu),
             ("peak host RAM of this kernel", f"{run.peak_host_rss_bytes / GB:.2f} GB "
              f"(the notebook has {environment.notebook_ram_bytes / GB:.1f} GB)"),
@@ -632,6 +637,7 @@ def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, log
                    "skipped_steps": run.skipped_steps, "tokens_per_step": run.tokens_per_step,
                    "peak_host_rss_bytes": run.peak_host_rss_bytes,
                    "peak_gpu_allocated_bytes": run.peak_gpu_allocated_bytes, "offload": run.offload,
+                   "param_offload": run.param_offload,
                    "eval_before": eval_before, "eval_after": eval_after, "logit_diff": logit_diff,
                    "kernel_rss_bytes": environment.kernel_rss_bytes,
                    "notebook_ram_bytes": environment.notebook_ram_bytes,
