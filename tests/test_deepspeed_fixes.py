@@ -242,3 +242,56 @@ def test_the_cpu_is_read_once_per_machine_and_the_compile_flags_stay_the_same(tm
     assert later["asked"] == 0
     assert deepspeeds_own["flags"] == first["flags"] == later["flags"]
     assert any(flag.startswith("-march") or "AVX" in flag for flag in first["flags"][0])
+
+
+# One fresh process: a ZeRO-3 engine with its optimizer offloaded to the CPU, one step, destroy()
+# and del, without the fix and then with it: is the engine still alive, is its model still on
+# DeepSpeed's module stack, and how much host RAM did the optimizer's buffers keep.
+DESTROY_PROBE = r"""
+import ctypes, gc, json, os, weakref, psutil, torch, torch.distributed as dist
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+import deepspeed
+from deepspeed.runtime.zero import parameter_offload
+from helpers import config, deepspeed_fixes, models
+deepspeed_fixes.fix_zero_init_dtype()
+ds = config.build(stage=3, offload_optimizer="cpu", micro_batch=1, trainer=False, pin_memory=False)
+ds.pop("fp16", None), ds.pop("bf16", None)
+rss = lambda: psutil.Process().memory_info().rss
+out = {}
+for fixed in (False, True):
+    if fixed:
+        deepspeed_fixes.fix_engine_destroy_frees_memory()
+    model = models.build_model(models.model_config("gpt2-124m"), seed=0)
+    engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)[0]
+    batch = torch.randint(0, 100, (1, 16))
+    engine.backward(engine(input_ids=batch, labels=batch).loss)
+    engine.step()
+    optimizer = weakref.ref(engine.optimizer)
+    held = sum(t.numel() * t.element_size() for t in engine.optimizer.fp32_partitioned_groups_flat)
+    engine.destroy()
+    on_stack = any(m is model for m in parameter_offload.FWD_MODULE_STACK)
+    del engine, model
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    left = optimizer()
+    out[str(fixed)] = {"on_stack": on_stack, "fp32_bytes": held,
+                       "optimizer_buffers": 0 if left is None else sum(
+                           t.numel() * t.element_size() for t in vars(left).get(
+                               "fp32_partitioned_groups_flat", []))}
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_destroy_leaves_the_model_on_deepspeeds_stack_and_the_fix_frees_the_buffers():
+    """Without the fix (DeepSpeed 0.19.8) the model stays on ``FWD_MODULE_STACK`` after
+    ``destroy()`` and the optimizer keeps its fp32 partitions (4 x 124M bytes here); with it, the
+    stack lets go and the buffers are gone. When DeepSpeed fixes its stack the first assertion
+    fails: then drop the workaround."""
+    done = subprocess.run([sys.executable, "-c", DESTROY_PROBE], capture_output=True, text=True,
+                          timeout=900, cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    out = json.loads(line[len("RESULT "):])
+    assert out["False"]["on_stack"] and out["False"]["optimizer_buffers"] == out["False"]["fp32_bytes"] > 4e8
+    assert not out["True"]["on_stack"] and out["True"]["optimizer_buffers"] == 0
