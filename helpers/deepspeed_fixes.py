@@ -252,7 +252,8 @@ def fix_engine_destroy_frees_memory() -> bool:
     found by a reachability search from every module), so this fix also empties the optimizer,
     its NVMe swapper, the weights' swapper and the weights' partitions: what is left is empty
     objects, not buffers. The model is unusable afterwards, as a destroyed ZeRO-3 engine's is
-    (save first: ``save_16bit_model``).
+    (save first: ``save_16bit_model``). A second ``destroy()`` (Accelerate's ``free_memory`` calls
+    it again) does nothing; engines below stage 3 are left as DeepSpeed leaves them.
     (DeepSpeed issue 7204: "whenever the engine is destroyed and reinitialized, RAM seems to
     accumulate".) Call nothing on the engine after ``destroy()``.
     """
@@ -263,7 +264,12 @@ def fix_engine_destroy_frees_memory() -> bool:
     original = DeepSpeedEngine.destroy
 
     def destroy(self):
+        if getattr(self, "_zero_kit_destroyed", False):
+            return
         original(self)
+        if self.zero_optimization_stage() != 3:
+            return
+        self._zero_kit_destroyed = True
         from deepspeed.runtime.zero import parameter_offload
 
         module = getattr(self, "module", None)
