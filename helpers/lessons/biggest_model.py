@@ -317,7 +317,7 @@ def prediction_claims(rungs: list[Rung], environment: kit_env.Environment,
     fits = [r for r in tried if rung_verdict(r, environment) == memory.FITS]
     out = [("no rung the estimator called 'fits' ran out of GPU memory or was killed for RAM "
             f"({len(fits)} called 'fits')",
-            bool(tried) and all(r.result.status not in (runner.OOM, runner.KILLED_RAM) for r in fits))]
+            claims.every(r.result.status not in (runner.OOM, runner.KILLED_RAM) for r in fits))]
     if environment.has_gpu:  # the modern shapes the issue holds it to (GPT-2 124M: a reference)
         ran = [r for r in tried if is_nvme(r.method) and r.result.status == runner.OK
                and not r.shape.startswith("gpt2")]
