@@ -184,12 +184,16 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
         tokens = parse_arch_list(facts.arch_list) if facts.arch_list else None
         if facts.arch_list is None or not facts.arch_list.strip():
             out.append(Diagnosis(
-                "arch_list_unset", "warning", "TORCH_CUDA_ARCH_LIST is unset.",
-                "DeepSpeed then compiles CUDA ops for several architectures (slower) from torch's own arch "
-                "list, whose parsing was seen failing with \"ValueError: invalid literal for int() with base "
-                "10: '0a'\".",
+                "arch_list_unset", "info", "TORCH_CUDA_ARCH_LIST is unset.",
+                "Nothing is wrong: DeepSpeed 0.19.8's JIT builder then compiles for the GPUs it "
+                f"sees (here {arch}, plus PTX), one architecture per card type "
+                "(op_builder/builder.py, compute_capability_args). It cannot probe the GPU in a "
+                "forked process where CUDA is already initialised, and refuses there; a value "
+                "holding a token such as '9.0a' (some images set one) fails with "
+                "\"ValueError: invalid literal for int() with base 10: '0a'\".",
                 f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{arch}" before the first build (doctor.apply_safe_fixes() '
-                "does it): one architecture, this GPU's.", ("fp16 training", "bf16 training")))
+                "does it): the same architecture, fixed for every process the kernel starts.",
+                ("fp16 training", "bf16 training")))
         elif tokens is None:
             out.append(Diagnosis(
                 "arch_list_bad", "error", f"TORCH_CUDA_ARCH_LIST={facts.arch_list!r} cannot be parsed.",
