@@ -40,3 +40,60 @@ def test_notebook_01s_text_states_no_byte_count_of_its_own():
     prose, where they could drift from the estimator again."""
     text = markdown("01_gpu_check_and_install")
     assert not re.search(r"\d+ bytes|\d+ more if", text), re.findall(r".{40}\d+ (?:bytes|more if).{20}", text)
+
+
+# ---- notebook 07: the lesson's config, run as the lesson runs it --------------------------------------
+
+
+def lesson_namespace(stem: str, marker: str, **injected) -> dict:
+    """A notebook's parameters cell, then ``injected`` (as papermill would), then the first lesson
+    cell containing ``marker``, executed in one namespace, which is returned."""
+    cells = json.loads((nbtool.NOTEBOOKS / f"{stem}.ipynb").read_text())["cells"]
+    tagged = lambda tag: [nbtool.source(c) for c in cells
+                          if c["cell_type"] == "code" and tag in c["metadata"].get("tags", [])]
+    namespace: dict = {}
+    exec(tagged("parameters")[0], namespace)
+    namespace.update(injected)
+    exec(next(s for s in tagged("lesson") if marker in s), namespace)
+    return namespace
+
+
+def lrs_of_first_steps(scheduler_params: dict, steps: int = 3) -> list[float]:
+    """The learning rate each of the first ``steps`` optimizer steps runs at under DeepSpeed's
+    WarmupLR, stepped as the engine steps it (after each optimizer step)."""
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = WarmupLR(optimizer, **scheduler_params)
+    seen = []
+    for _ in range(steps):
+        seen.append(optimizer.param_groups[0]["lr"])  # what optimizer.step() would use
+        scheduler.step()
+    return seen
+
+
+def test_warmup_lr_starting_at_zero_wastes_two_steps():
+    """The fact the configs below avoid, from DeepSpeed's own scheduler."""
+    lrs = lrs_of_first_steps({"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 4,
+                              "warmup_type": "linear"})
+    assert lrs[:2] == [0.0, 0.0] and lrs[2] > 0
+
+
+def test_every_warmup_the_kit_writes_learns_from_the_first_step(tmp_path):
+    from helpers import config
+    from helpers.lessons import beyond_data_parallelism
+
+    ns = lesson_namespace("07_engine_and_accelerate", "ds_config = {", WORK_DIR=str(tmp_path),
+                          PRECISION="fp32")
+    schedulers = {
+        "notebook 07's ds_config": ns["ds_config"]["scheduler"],
+        "notebook 08's engine_config": beyond_data_parallelism.engine_config(
+            4, 1, 1, "fp32", 1e-3, 4)["scheduler"],
+        "helpers.config.build": config.build(stage=2, micro_batch=4, trainer=False,
+                                             warmup_steps=4)["scheduler"],
+    }
+    for where, scheduler in schedulers.items():
+        assert scheduler["type"] == "WarmupLR", where
+        lrs = lrs_of_first_steps(scheduler["params"])
+        assert all(lr > 0 for lr in lrs), f"{where}: first steps at learning rates {lrs}"

@@ -1032,7 +1032,8 @@ def engine_config(micro_batch: int, accumulation: int, stage: int, precision: st
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": 1.0,
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
+        # from lr / 10: WarmupLR's first two steps run at warmup_min_lr (0 would waste them)
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": lr / 10, "warmup_max_lr": lr,
                                                      "warmup_num_steps": warmup}},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
         "bf16": {"enabled": precision == "bf16"},
