@@ -97,3 +97,60 @@ def test_every_warmup_the_kit_writes_learns_from_the_first_step(tmp_path):
         assert scheduler["type"] == "WarmupLR", where
         lrs = lrs_of_first_steps(scheduler["params"])
         assert all(lr > 0 for lr in lrs), f"{where}: first steps at learning rates {lrs}"
+
+
+# ---- notebook 07: STAGE 0 against zero_to_fp32 --------------------------------------------------------
+
+#: One process trains a Linear layer one step at the given ZeRO stage, saves a DeepSpeed checkpoint
+#: and asks zero_to_fp32 for the state dict; it prints "converted" or the exception's type.
+_ZERO_TO_FP32_SCRIPT = """
+import os, sys, torch, deepspeed
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", LOCAL_RANK="0",
+                  WORLD_SIZE="1")
+model = torch.nn.Linear(8, 8)
+config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": int(sys.argv[1])},
+          "zero_allow_untested_optimizer": True, "steps_per_print": 10**6}
+engine, *_ = deepspeed.initialize(model=model, config=config,
+                                  optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+loss = engine(torch.randn(2, 8)).pow(2).mean()
+engine.backward(loss)
+engine.step()
+engine.save_checkpoint(sys.argv[2])
+try:
+    state = get_fp32_state_dict_from_zero_checkpoint(sys.argv[2])
+    print("converted", sorted(state))
+except Exception as error:
+    print("failed", type(error).__name__, error)
+"""
+
+
+def test_notebook_07_refuses_stage_0_where_zero_to_fp32_fails(tmp_path):
+    """Notebook 07's parameters once allowed STAGE = 0, whose checkpoint DeepSpeed's zero_to_fp32
+    cannot read: the fact (a real stage-0 checkpoint fails, a stage-1 one converts), then the
+    lesson's config cell refusing stage 0 and taking 1."""
+    import socket
+    import subprocess
+    import sys
+
+    import pytest
+
+    results = {}
+    for stage in (0, 1):
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        done = subprocess.run([sys.executable, "-c", _ZERO_TO_FP32_SCRIPT, str(stage),
+                               str(tmp_path / f"stage{stage}"), str(port)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[stage] = done.stdout.strip().splitlines()[-1]
+    assert results[0] == "failed TypeError 'NoneType' object is not iterable", results[0]
+    assert results[1].startswith("converted") and "weight" in results[1]
+
+    with pytest.raises(ValueError, match="zero_to_fp32"):
+        lesson_namespace("07_engine_and_accelerate", "ds_config = {", WORK_DIR=str(tmp_path),
+                         PRECISION="fp32", STAGE=0)
+    ns = lesson_namespace("07_engine_and_accelerate", "ds_config = {", WORK_DIR=str(tmp_path),
+                          PRECISION="fp32", STAGE=1)
+    assert ns["ds_config"]["zero_optimization"]["stage"] == 1
