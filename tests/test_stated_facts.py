@@ -154,3 +154,49 @@ def test_notebook_07_refuses_stage_0_where_zero_to_fp32_fails(tmp_path):
     ns = lesson_namespace("07_engine_and_accelerate", "ds_config = {", WORK_DIR=str(tmp_path),
                           PRECISION="fp32", STAGE=1)
     assert ns["ds_config"]["zero_optimization"]["stage"] == 1
+
+
+# ---- transformers 5.24: gradient checkpointing by its new name -----------------------------------------
+
+
+def definitions(source: str) -> str:
+    """A cell's imports, functions and UPPER_CASE assignments, without the statements that run."""
+    import ast
+
+    keep = [node for node in ast.parse(source).body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))
+            or isinstance(node, ast.Assign) and all(
+                isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)]
+    return "\n".join(ast.unparse(node) for node in keep)
+
+
+def test_the_training_arguments_ask_for_checkpointing_without_a_future_warning(tmp_path):
+    """TrainingArguments(gradient_checkpointing=...) prints a FutureWarning in transformers 5.24:
+    notebook 04's lesson and the kit's own arguments use the name transformers asks for, and the
+    model's checkpointing is switched on all the same."""
+    import warnings
+
+    from transformers import TrainingArguments
+
+    from helpers.lessons import zero2_training
+
+    with warnings.catch_warnings(record=True) as caught:  # the fact: the old name warns
+        warnings.simplefilter("always")
+        TrainingArguments(output_dir=str(tmp_path), gradient_checkpointing=True, use_cpu=True)
+    assert any(issubclass(w.category, FutureWarning) and "gradient_checkpointing" in str(w.message)
+               for w in caught)
+
+    cells = json.loads((nbtool.NOTEBOOKS / "04_zero2_training.ipynb").read_text())["cells"]
+    lessons = [nbtool.source(c) for c in cells if "lesson" in c["metadata"].get("tags", [])]
+    namespace: dict = {}
+    exec(definitions(next(s for s in lessons if "def training_args" in s)), namespace)
+    namespace.update(OUT_DIR=str(tmp_path), ds_config=None, MICRO_BATCH=2, STEPS=4, LR=1e-3,
+                     PRECISION="fp32", GRAD_CKPT=True, torch=__import__("torch"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = {"notebook 04": namespace["training_args"](),
+                "helpers": zero2_training.training_args(tmp_path, None, 4, 2, 1e-3, "fp32",
+                                                        grad_ckpt=True)}
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    for where, args in made.items():
+        assert args.activation_checkpointing is True, where

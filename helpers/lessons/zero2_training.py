@@ -86,6 +86,16 @@ class TrainRun:
         return {r["step"]: r["loss"] for r in self.records if "loss" in r}
 
 
+def checkpointing_argument() -> str:
+    """The TrainingArguments name of gradient checkpointing: ``activation_checkpointing`` in
+    transformers 5 (whose old name, ``gradient_checkpointing``, prints a FutureWarning and goes in
+    v6), ``gradient_checkpointing`` before it."""
+    from transformers import TrainingArguments
+
+    new = "activation_checkpointing"
+    return new if new in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+
+
 def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro_batch: int, lr: float,
                   precision: str, grad_accum: int = 1, save_steps: int | None = None, seed: int = 0,
                   grad_ckpt: bool = False):
@@ -99,7 +109,7 @@ def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro
         weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500, report_to=[], deepspeed=ds_config, fp16=precision == "fp16",
         bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed, data_seed=seed,
-        dataloader_num_workers=0, gradient_checkpointing=grad_ckpt,
+        dataloader_num_workers=0, **{checkpointing_argument(): grad_ckpt},
         disable_tqdm=os.environ.get("TQDM_DISABLE") == "1",
     )
 
@@ -175,7 +185,8 @@ def out_of_memory_demo(model, dataset, ds_config: dict, out_dir: str | os.PathLi
     if not torch.cuda.is_available():
         return finetune(model, dataset, ds_config, out_dir, steps=2, micro_batch=2, lr=lr, precision=precision,
                         fail_at_step=0)
-    model.gradient_checkpointing_disable()
+    # transformers 5's name (its old one, gradient_checkpointing_disable, prints a FutureWarning)
+    getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
     repeated = concatenate_datasets([dataset] * (micro_batch // max(1, len(dataset)) + 1))
     return finetune(model, repeated, ds_config, out_dir, steps=2, micro_batch=micro_batch, lr=lr,
                     precision=precision)
