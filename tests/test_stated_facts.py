@@ -4,6 +4,7 @@ transformers 5.24's own code (issue 27, item 5): each test reads the statement w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -200,3 +201,96 @@ def test_the_training_arguments_ask_for_checkpointing_without_a_future_warning(t
     assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
     for where, args in made.items():
         assert args.activation_checkpointing is True, where
+
+
+# ---- what each stage keeps: notebook 05's table against notebook 04's picture ---------------------------
+
+
+def stage_table(stem: str) -> dict[int, str]:
+    """{stage: "each GPU holds" expression} from the markdown table whose rows start ``| 0 |``."""
+    rows = re.findall(r"^\|\s*([0-3])\s*\|\s*([^|]+?)\s*\|", markdown(stem), flags=re.M)
+    return {int(stage): expression for stage, expression in rows}
+
+
+def test_notebook_05s_table_of_stages_is_notebook_04s_picture():
+    """Stage 1's gradients: notebook 05's table once said 2 + 2 + 12/N (the ZeRO paper's stage 1)
+    while notebook 04's picture, drawn from the kit's estimator, halves them (DeepSpeed's stage 1
+    reduce-scatters at the end of backward, measured on 2 GPUs). The table's expressions, at
+    N = 1, 2 and 4, must be the picture's bytes per parameter on each GPU."""
+    from helpers.lessons import zero2_training
+
+    table = stage_table("05_stages_and_offload")
+    assert sorted(table) == [0, 1, 2, 3], table
+    info = memory.ModelInfo.for_shape("gpt2-124m")
+    for n in (1, 2, 4):
+        picture = zero2_training.model_states(info, n)
+        for stage, expression in table.items():
+            drawn = sum(picture[f"stage {stage}"]["gpu"].values()) / info.n_params
+            said = eval(expression.replace("N", str(n)), {})  # "2 + 2/N + 12/N"
+            assert abs(said - drawn) < 0.05, f"stage {stage}, N={n}: table {expression} = {said}, picture {drawn:.2f}"
+
+
+# ---- ZeRO-2 + CPU offload on the GPU: twice the fp16 weights -------------------------------------------
+
+
+def test_zero2_offload_keeps_gradients_on_the_gpu_at_its_peak_and_notebook_05_says_so():
+    """Notebook 05 once said the GPU keeps only the fp16 weights under ZeRO-2 + CPU offload; the
+    README's measurement (1.5B: 5.87 GiB) and the estimator have every fp16 gradient there too at
+    the end of backward. And its host-RAM figure is the estimator's (notebook 01's breakdown)."""
+    info = memory.ModelInfo.for_shape("gpt2-355m")
+    config = {"fp16": {"enabled": True},
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    est = memory.estimate(info, config, micro_batch=1, seq_len=64)  # model states set the peak
+    gpu = est.parts["gpu"]
+    assert est.phase["gpu"] == "after backward" and gpu["grads"] == gpu["params"] == 2 * info.n_params
+    text = markdown("05_stages_and_offload")
+    assert "twice the fp16 weights" in text
+    assert not re.search(r"keeps only (the )?fp16 weights", text)
+    plain, pinned = (sum(gpu_check.offload_host_bytes_per_param(pin).values()) for pin in (False, True))
+    assert f"{plain:g} bytes per parameter" in text and f"{pinned:g} with pinned" in text
+
+
+# ---- GB and GiB: never set against each other unconverted ------------------------------------------------
+
+_GB = re.compile(r"(\d[\d.,]*)\s*GB\b")
+
+
+def unconverted_gb(line: str) -> list[str]:
+    """The "N GB" figures of a line that also speaks GiB, outside an "(= N GB)" conversion."""
+    if "GiB" not in line:
+        return []
+    return [m.group(0) for m in _GB.finditer(re.sub(r"\(= [^)]*\)", "", line))]
+
+
+def test_a_line_in_gib_converts_its_gb_figures():
+    assert unconverted_gb("host RSS 3.2 GB of a T4's 15 GiB") == ["3.2 GB"]
+    assert unconverted_gb("host RSS 3.20 GiB of free Colab's 11.8 GiB (= 12.7 GB)") == []
+    assert unconverted_gb("12.7 GB of RAM") == []  # one unit: nothing to mix
+
+
+def test_notebook_04s_lines_and_notebook_05s_ram_axis_keep_one_unit(tmp_path):
+    """Notebook 04's memory line once set 'X GiB of a T4's 15' beside 'Y GB of free Colab's 12.7',
+    and notebook 05's host-RAM bars (GiB) a line labelled '12.7 GB' drawn at 11.8."""
+    import matplotlib
+
+    matplotlib.use("agg")
+    from helpers import env, runner
+    from helpers.lessons import stages_and_offload, zero2_training
+
+    machine = dataclasses.replace(env.describe(), gpu_name="Tesla T4")  # the GPU line too
+    records = [{"loss": 5.0 - i, "tokens_per_s": 100.0, "host_rss_bytes": 3 * 2**30,
+                "gpu_peak_bytes": 2**30, "skipped_steps": 0} for i in range(3)]
+    run = zero2_training.TrainRun("ok", records=records, seconds=1.0, micro_batch=2)
+    oom = zero2_training.TrainRun("out of GPU memory", "simulated on CPU")
+    lines = zero2_training.takeaways(run, machine, 0.0, True, oom, "zero2.json")
+    lines += [" ".join(row) for row in zero2_training.summary_table(run, machine).rows]
+    assert not [(line, unconverted_gb(line)) for line in lines if unconverted_gb(line)]
+
+    result = runner.RunResult("stage 0", runner.OK, "", losses=[5.0, 4.0, 3.0], median_step_s=1.0,
+                              peak_host_rss_bytes=3 * 2**30)
+    rows = [runner.Row("stage 0", {"stage": 0}, None, result, None)]
+    no_gpu = dataclasses.replace(machine, gpu_name=None)  # the host figure comes first
+    host = stages_and_offload.plot(rows, no_gpu)[0].axes[0]
+    limit = next(line for line in host.get_lines() if line.get_linestyle() == "--")
+    assert host.get_ylabel() == "GiB"
+    assert f"{limit.get_ydata()[0]:.1f} GiB" in limit.get_label() and not unconverted_gb(limit.get_label())
