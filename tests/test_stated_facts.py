@@ -294,3 +294,28 @@ def test_notebook_04s_lines_and_notebook_05s_ram_axis_keep_one_unit(tmp_path):
     limit = next(line for line in host.get_lines() if line.get_linestyle() == "--")
     assert host.get_ylabel() == "GiB"
     assert f"{limit.get_ydata()[0]:.1f} GiB" in limit.get_label() and not unconverted_gb(limit.get_label())
+
+
+# ---- notebook 03: the form's config as the lesson's dict --------------------------------------------------
+
+
+def test_notebook_03s_lesson_dict_is_the_forms_first_config_and_the_printer_round_trips(tmp_path):
+    """The lesson cell holds the form's first settings, written by config_as_python (so the cell
+    that prints the form's config prints code of the lesson's shape); what the printer writes is
+    code that gives the same dict back, for other settings too, within the kit's line width."""
+    from helpers import env
+    from helpers.lessons import config_builder
+
+    ns = lesson_namespace("03_config_builder", "ds_config = {", WORK_DIR=str(tmp_path))
+    form = config_builder.ConfigForm(env.describe(), shape=ns["SHAPE"], micro_batch=ns["MICRO_BATCH"],
+                                     seq_len=ns["SEQ_LEN"], folder=tmp_path)
+    assert ns["ds_config"] == form.config
+    assert json.loads((tmp_path / "ds_config.json").read_text()) == form.config
+    for settings in ({}, {"stage": 3, "offload_optimizer": "nvme", "offload_param": "cpu"},
+                     {"trainer": False, "precision": "fp16", "micro_batch": 3}):
+        form.set(**settings)
+        source = config_builder.config_as_python(form.config)
+        printed: dict = {}
+        exec(source, printed)
+        assert printed["ds_config"] == form.config, settings
+        assert max(len(line) for line in source.splitlines()) <= config_builder.CODE_WIDTH
