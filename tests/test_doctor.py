@@ -243,3 +243,20 @@ def test_gather_facts_keeps_the_emulated_and_the_real_capability(monkeypatch):
     machine = dataclasses.replace(env.describe(), gpu_name="H200", gpu_count=1, capability=(7, 5), real_capability=(9, 0))
     facts = doctor.gather_facts(machine)
     assert facts.capability == (7, 5) and facts.build_capability == (9, 0) and facts.arch == "9.0"
+
+
+def test_the_op_probes_linker_lines_become_one_reason_per_missing_library():
+    """Issue 27: `ld: cannot find -laio` in a learner's output, where the kit knows why."""
+    text = ("async_io ............... [NO] ....... [NO]\n"
+            "x86_64-linux-gnu-gcc -pthread -c /tmp/tmpab12/test.c -o /tmp/tmpab12/test.o\n"
+            "/usr/bin/ld: cannot find -laio: No such file or directory\n"
+            "collect2: error: ld returned 1 exit status\n"
+            "\x1b[93m[WARNING]\x1b[0m gds: /usr/bin/ld: cannot find -lcufile\n"
+            "fused_adam ............. [NO] ....... [OKAY]\n")
+    folded = doctor.fold_probe_noise(text)
+    assert "cannot find" not in folded and "collect2" not in folded and "test.c" not in folded
+    assert "async_io ...." in folded and "fused_adam ...." in folded
+    assert "4 compiler/linker line(s)" in folded
+    assert "-laio: libaio is not installed" in folded and "-lcufile: NVIDIA's cuFile" in folded
+    assert doctor.fold_probe_noise("nothing to fold\n[WARNING] async_io requires libaio") == (
+        "nothing to fold\n[WARNING] async_io requires libaio")
