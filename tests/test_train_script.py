@@ -93,3 +93,12 @@ def test_train_py_runs_under_both_launchers_with_two_cpu_ranks(tmp_path):
         runs.append(lesson.launched(launcher, done.returncode, log_file, 0.0))
     failed = claims.failed(lesson.launch_claims(runs, reference, "fp32"))
     assert not failed, (failed, [r.tail[-1500:] for r in runs])
+
+
+def test_the_launchers_are_found_beside_python_or_on_path(monkeypatch, tmp_path):
+    assert lesson.command_path("deepspeed").endswith("deepspeed")
+    monkeypatch.setattr(lesson.sys, "executable", str(tmp_path / "python3"))  # Colab: /usr/bin
+    monkeypatch.setattr(lesson.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    assert lesson.command_path("accelerate") == "/usr/local/bin/accelerate"
+    monkeypatch.setattr(lesson.shutil, "which", lambda name: None)
+    assert lesson.command_path("accelerate") == "accelerate"

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -380,14 +381,21 @@ def launch_commands(script: Path, yaml_file: Path, num_processes: int,
     (``--num_gpus``: the processes on this machine, GPUs or CPU ranks) and ``accelerate launch``
     with the YAML. (The notebook runs them with ``!``: helpers start no training run but
     helpers.runner's.)"""
-    bin_dir = Path(sys.executable).parent
     return {
-        "deepspeed": shlex.join([str(bin_dir / "deepspeed"), "--num_gpus", str(num_processes),
+        "deepspeed": shlex.join([command_path("deepspeed"), "--num_gpus", str(num_processes),
                                  "--master_port", str(ports[0]), str(script)]),
-        "accelerate launch": shlex.join([str(bin_dir / "accelerate"), "launch", "--config_file",
+        "accelerate launch": shlex.join([command_path("accelerate"), "launch", "--config_file",
                                          str(yaml_file), "--main_process_port", str(ports[1]),
                                          str(script)]),
     }
+
+
+def command_path(name: str) -> str:
+    """A console script of this Python's packages: beside the interpreter (a virtual environment),
+    else on PATH (Colab puts pip's scripts in /usr/local/bin, not beside /usr/bin/python3), else
+    the bare name."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name) or name
 
 
 #: Prefix of a launch from inside the notebook: the notebook's own one-process group variables
