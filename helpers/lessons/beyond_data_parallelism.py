@@ -610,7 +610,7 @@ DIMENSIONS = [
      "0, 1 (2 and 3 refused)"),
     ("tensor", "every layer's weight matrices, by columns or rows",
      "an all-reduce of activations inside every layer, forward and backward: needs a fast link",
-     "0, 1, 2 (AutoTP; run here with 2; DeepSpeed 0.19.8 also trains it with 3)"),
+     "0, 1, 2, 3 (AutoTP: DeepSpeed 0.19.8 refuses none; run here with 2)"),
     ("experts (MoE)", "the experts of each MoE layer; the rest of the model is data parallel",
      "two all-to-alls per MoE layer, forward and backward (tokens to their expert and back)",
      "0, 1, 2 (native MoE; 3 refused, AutoEP allows it)"),
