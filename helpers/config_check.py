@@ -1060,7 +1060,8 @@ def _ignored_problems(config: dict, parsed: dict, autos: list[str], for_trainer:
     if for_trainer and isinstance(config.get("activation_checkpointing"), dict):
         out.append(Problem("warning", "activation_checkpointing", "the Hugging Face Trainer never calls "
                            "deepspeed.checkpointing.configure(): this section has no effect on its models.",
-                           "Use TrainingArguments(gradient_checkpointing=True) and remove the section."))
+                           "Use TrainingArguments(activation_checkpointing=True) (gradient_checkpointing before "
+                           "transformers 5) and remove the section."))
     if zero.get("allgather_partitions") is False:  # engine.py zero_allgather_partitions(): nothing calls it
         out.append(Problem("warning", "zero_optimization.allgather_partitions", "DeepSpeed no longer uses "
                            "allgather_partitions: it always all-gathers, false does not switch to broadcasts.",

@@ -184,12 +184,16 @@ def diagnose(facts: Facts) -> list[Diagnosis]:
         tokens = parse_arch_list(facts.arch_list) if facts.arch_list else None
         if facts.arch_list is None or not facts.arch_list.strip():
             out.append(Diagnosis(
-                "arch_list_unset", "warning", "TORCH_CUDA_ARCH_LIST is unset.",
-                "DeepSpeed then compiles CUDA ops for several architectures (slower) from torch's own arch "
-                "list, whose parsing was seen failing with \"ValueError: invalid literal for int() with base "
-                "10: '0a'\".",
+                "arch_list_unset", "info", "TORCH_CUDA_ARCH_LIST is unset.",
+                "Nothing is wrong: DeepSpeed 0.19.8's JIT builder then compiles for the GPUs it "
+                f"sees (here {arch}, plus PTX), one architecture per card type "
+                "(op_builder/builder.py, compute_capability_args). It cannot probe the GPU in a "
+                "forked process where CUDA is already initialised, and refuses there; a value "
+                "holding a token such as '9.0a' (some images set one) fails with "
+                "\"ValueError: invalid literal for int() with base 10: '0a'\".",
                 f'os.environ["TORCH_CUDA_ARCH_LIST"] = "{arch}" before the first build (doctor.apply_safe_fixes() '
-                "does it): one architecture, this GPU's.", ("fp16 training", "bf16 training")))
+                "does it): the same architecture, fixed for every process the kernel starts.",
+                ("fp16 training", "bf16 training")))
         elif tokens is None:
             out.append(Diagnosis(
                 "arch_list_bad", "error", f"TORCH_CUDA_ARCH_LIST={facts.arch_list!r} cannot be parsed.",
@@ -588,11 +592,45 @@ def checks(facts: Facts, statuses: list[OpStatus]) -> list[tuple[str, bool]]:
     return out
 
 
+#: The output of DeepSpeed's compile-and-link probes (``OpBuilder.has_function``, verbose under
+#: ds_report): the compiler's command lines and the linker's complaints, which say only that a
+#: library is absent. Each missing library, and what the kit knows of it.
+_PROBE_NOISE = re.compile(r"(^|\s)(/usr/bin/)?ld: cannot find -l(\S+)|collect2: error: ld returned|"
+                          r"^\s*(x86_64-linux-gnu-)?(gcc|g\+\+|cc|c\+\+) .*(test\.c|\.o\b)|"
+                          r"/tmp/\S+/test\.c")
+MISSING_LIBRARIES = {
+    "aio": "libaio is not installed: async_io (NVMe offload) cannot build; the diagnosis "
+           "'no_libaio' below gives the fix",
+    "cufile": "NVIDIA's cuFile (GPUDirect Storage, DeepSpeed's gds op) is not installed; the kit "
+              "does not use gds",
+}
+
+
+def fold_probe_noise(text: str) -> str:
+    """``text`` without the probes' compiler and linker lines, and one line per missing library
+    they were about, saying what it means (the learner sees a reason, not a linker error)."""
+    kept, missing, folded = [], [], 0
+    for line in text.splitlines():
+        match = _PROBE_NOISE.search(ANSI.sub("", line))
+        if not match:
+            kept.append(line)
+            continue
+        folded += 1
+        if match.group(3) and match.group(3).rstrip(":") not in missing:
+            missing.append(match.group(3).rstrip(":"))
+    if folded:
+        kept.append(f"[zero-kit] {folded} compiler/linker line(s) of DeepSpeed's op probes folded:")
+        absent = "a library an op links against is absent"
+        kept += [f"[zero-kit]   -l{lib}: {MISSING_LIBRARIES.get(lib, absent)}" for lib in missing]
+    return "\n".join(kept)
+
+
 def ds_report_text(html: bool = False) -> str:
-    """DeepSpeed's own ``ds_report``, colours stripped (or rendered as HTML)."""
+    """DeepSpeed's own ``ds_report``, colours stripped (or rendered as HTML); the compile-and-link
+    lines of its op probes folded into one explained line per missing library."""
     done = subprocess.run([sys.executable, "-c", "from deepspeed.env_report import cli_main; cli_main()"],
                           capture_output=True, text=True, timeout=600)
-    text = (done.stdout + done.stderr).strip()
+    text = fold_probe_noise((done.stdout + done.stderr).strip())
     if not html:
         return ANSI.sub("", text)
     import html as html_lib

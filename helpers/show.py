@@ -105,6 +105,13 @@ class Source:
                 f"</summary><pre style='font-size:11px'>{html.escape(self.code)}</pre></details>")
 
 
+def in_gib(nbytes: float, said_in_gb: bool = False) -> str:
+    """Bytes in GiB, the kit's unit on every axis and beside every measurement (``"11.8 GiB"``);
+    ``said_in_gb`` adds the GB figure a vendor quotes (Colab's 12.7 GB of RAM) in brackets, so a
+    line or a legend never sets a GB figure against GiB ones unconverted."""
+    return f"{nbytes / GiB:.1f} GiB" + (f" (= {nbytes / GB:.1f} GB)" if said_in_gb else "")
+
+
 # ---- figures -----------------------------------------------------------------------------------
 
 

@@ -143,6 +143,48 @@ def test_parse_arch_list():
     assert doctor.parse_arch_list("10.0a") is None and doctor.parse_arch_list(" ") is None
 
 
+def test_an_unset_arch_list_is_information_and_says_what_deepspeed_compiles():
+    d = only(t4(arch_list=None), "arch_list_unset")
+    assert d.level == "info" and "7.5, plus PTX" in d.explanation
+    assert "several architectures" not in d.explanation
+
+
+def _jit_arch_list(monkeypatch, value: str | None, capabilities: list[tuple[int, int]]) -> str:
+    """What DeepSpeed 0.19.8's JIT builder compiles for (the TORCH_CUDA_ARCH_LIST it hands torch),
+    with ``value`` in the environment and these GPUs visible (torch.cuda's answers replaced)."""
+    import torch
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    if value is None:
+        monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capabilities[i])
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False, raising=False)
+    class Probe(CUDAOpBuilder):  # no op of its own: only DeepSpeed's arch logic runs
+        def absolute_name(self):
+            return "probe"
+
+        def sources(self):
+            return []
+
+    builder = Probe(name="probe")
+    builder.jit_mode, builder._jit_arch_list = True, None  # as jit_load() sets them, unset
+    assert builder.compute_capability_args() == []  # JIT: torch makes the flags from the variable
+    return os.environ["TORCH_CUDA_ARCH_LIST"]
+
+
+def test_deepspeed_compiles_for_the_visible_gpu_when_the_arch_list_is_unset(monkeypatch):
+    """Notebook 02's and the doctor's claim, against DeepSpeed's own builder: unset means this GPU's
+    capability (plus PTX), not several architectures; a '9.0a' token is what fails with '0a'."""
+    assert _jit_arch_list(monkeypatch, None, [(7, 5)]) == "7.5+PTX"
+    assert _jit_arch_list(monkeypatch, None, [(8, 0), (7, 5), (8, 0)]) == "7.5;8.0+PTX"
+    assert _jit_arch_list(monkeypatch, "7.5", [(9, 0)]) == "7.5+PTX"
+    with pytest.raises(ValueError, match="'0a'"):
+        _jit_arch_list(monkeypatch, "8.0;9.0a", [(9, 0)])
+
+
 def test_apply_safe_fixes_sets_only_a_missing_or_broken_arch_list(monkeypatch):
     from helpers import env
 
@@ -201,3 +243,20 @@ def test_gather_facts_keeps_the_emulated_and_the_real_capability(monkeypatch):
     machine = dataclasses.replace(env.describe(), gpu_name="H200", gpu_count=1, capability=(7, 5), real_capability=(9, 0))
     facts = doctor.gather_facts(machine)
     assert facts.capability == (7, 5) and facts.build_capability == (9, 0) and facts.arch == "9.0"
+
+
+def test_the_op_probes_linker_lines_become_one_reason_per_missing_library():
+    """Issue 27: `ld: cannot find -laio` in a learner's output, where the kit knows why."""
+    text = ("async_io ............... [NO] ....... [NO]\n"
+            "x86_64-linux-gnu-gcc -pthread -c /tmp/tmpab12/test.c -o /tmp/tmpab12/test.o\n"
+            "/usr/bin/ld: cannot find -laio: No such file or directory\n"
+            "collect2: error: ld returned 1 exit status\n"
+            "\x1b[93m[WARNING]\x1b[0m gds: /usr/bin/ld: cannot find -lcufile\n"
+            "fused_adam ............. [NO] ....... [OKAY]\n")
+    folded = doctor.fold_probe_noise(text)
+    assert "cannot find" not in folded and "collect2" not in folded and "test.c" not in folded
+    assert "async_io ...." in folded and "fused_adam ...." in folded
+    assert "4 compiler/linker line(s)" in folded
+    assert "-laio: libaio is not installed" in folded and "-lcufile: NVIDIA's cuFile" in folded
+    assert doctor.fold_probe_noise("nothing to fold\n[WARNING] async_io requires libaio") == (
+        "nothing to fold\n[WARNING] async_io requires libaio")

@@ -46,7 +46,13 @@ from helpers import claims
 from tools import nbtool
 
 #: Notebooks whose lesson cells form a script (issue 15): both must have lesson cells.
-LESSON_NOTEBOOKS = ("04_zero2_training", "06_biggest_model_on_a_t4", "07_engine_and_accelerate")
+LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_offload",
+                    "06_biggest_model_on_a_t4", "07_engine_and_accelerate")
+#: Notebooks whose lesson writes DeepSpeed configs rather than training (issue 27: notebook 03's
+#: config as a dict, notebook 05's rows as what they change from stage 0): their script must write
+#: at least one JSON config into WORK_DIR, and every one must pass the kit's checker (DeepSpeed's
+#: own config classes and more).
+CONFIG_LESSONS = ("03_config_builder", "05_stages_and_offload")
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
 ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate"}
 #: Names a parameters cell may define that the test points into its temporary folder.
@@ -142,7 +148,7 @@ def lesson_script(path: Path, injected: dict[str, str]) -> str:
 
 
 def test_the_lesson_notebooks_have_lesson_cells():
-    """Issue 15: notebooks 04 and 07 both mark the code a learner copies with the tag 'lesson'."""
+    """Issues 15 and 27: the lesson notebooks mark the code a learner copies with the tag 'lesson'."""
     paths = {p.stem: p for p in nbtool.notebook_paths()}
     missing = [name for name in LESSON_NOTEBOOKS if name not in paths or not _tagged(paths[name], "lesson")]
     assert not missing, f"no cell tagged 'lesson' in: {', '.join(missing)}"
@@ -180,10 +186,24 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
                           timeout=900)
     tail = (done.stdout + done.stderr)[-4000:]
     assert done.returncode == 0, f"{script.name} exited {done.returncode}:\n{tail}"
+    if path.stem in CONFIG_LESSONS:
+        assert_written_configs_pass(work)
+        return
     found = loss_lines(done.stdout)
     assert found, f"{script.name} printed no '<label> losses: [...]' line:\n{done.stdout[-2000:]}"
     falling = {label: claims.loss_falls(values) for label, values in found.items()}
     assert all(falling.values()), f"a loss did not fall: {found}"
+
+
+def assert_written_configs_pass(folder: Path) -> None:
+    """At least one JSON config in ``folder``, each without an error from helpers.config.check."""
+    from helpers import config
+
+    written = sorted(folder.glob("*.json"))
+    assert written, f"the lesson wrote no JSON config into {folder}"
+    for path in written:
+        errors = [p for p in config.check(json.loads(path.read_text())) if p.level == "error"]
+        assert not errors, f"{path.name}: {errors}"
 
 
 # ---- the test's own parsing, fed good and bad output ----------------------------------------------------

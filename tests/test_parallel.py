@@ -381,3 +381,23 @@ def test_train_step_adds_expert_counts_per_expert_and_weights_the_aux_loss():
     assert out["counts"] == [[3 + 7, 2], [4, 3 + 7]]  # summed per expert, not concatenated
     assert out["loss"] == 5.0 and out["aux"] == 1.0
     assert engine.calls == [("backward", 3.5), ("step",), ("backward", 7.5), ("step",)]
+
+
+def test_autotp_takes_every_zero_stage_as_deepspeed_0_19_8_does():
+    """Notebook 08 states AutoTP's ZeRO stages as DeepSpeed 0.19.8 enforces them: it refuses none,
+    and its engine supports ZeRO-3 beside AutoTP for training. Measured here: two CPU ranks with
+    autotp_size=2 at ZeRO-3 train with the 1-rank ZeRO-3 run's losses (issue 27)."""
+    from dataclasses import replace
+
+    from helpers import runner
+
+    tensor = next(row for row in beyond_data_parallelism.DIMENSIONS if row[0] == "tensor")
+    assert tensor[3].startswith("0, 1, 2, 3")
+    base = beyond_data_parallelism.ParallelSpec(kind="autotp", steps=4, tp_shape="llama-tiny", stage=3,
+                                                force_cpu=True)
+    one = beyond_data_parallelism.measure(replace(base, label="1 rank, ZeRO-3"))
+    two = beyond_data_parallelism.measure(replace(base, label="AutoTP 2, ZeRO-3", world_size=2,
+                                                  tensor_parallel=2))
+    assert one.status == two.status == runner.OK, (one.message, two.message)
+    assert len(two.losses) == len(one.losses) == 4
+    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one.losses, two.losses)), (one.losses, two.losses)

@@ -610,7 +610,7 @@ DIMENSIONS = [
      "0, 1 (2 and 3 refused)"),
     ("tensor", "every layer's weight matrices, by columns or rows",
      "an all-reduce of activations inside every layer, forward and backward: needs a fast link",
-     "0, 1, 2 (AutoTP; run here with 2; DeepSpeed 0.19.8 also trains it with 3)"),
+     "0, 1, 2, 3 (AutoTP: DeepSpeed 0.19.8 refuses none; run here with 2)"),
     ("experts (MoE)", "the experts of each MoE layer; the rest of the model is data parallel",
      "two all-to-alls per MoE layer, forward and backward (tokens to their expert and back)",
      "0, 1, 2 (native MoE; 3 refused, AutoEP allows it)"),
@@ -1032,7 +1032,8 @@ def engine_config(micro_batch: int, accumulation: int, stage: int, precision: st
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": accumulation,
         "gradient_clipping": 1.0,
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
+        # from lr / 10: WarmupLR's first two steps run at warmup_min_lr (0 would waste them)
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": lr / 10, "warmup_max_lr": lr,
                                                      "warmup_num_steps": warmup}},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
         "bf16": {"enabled": precision == "bf16"},

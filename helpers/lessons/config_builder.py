@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers import config, memory, runner
 from helpers import env as kit_env
-from helpers.show import GiB
+from helpers.show import GiB, Table
 
 MODEL_CHOICES = [("GPT-2 124M", "gpt2-124m"), ("GPT-2 355M", "gpt2-355m"), ("GPT-2 774M", "gpt2-774m"),
                  ("GPT-2 1.5B", "gpt2-1.5b"), ("SmolLM2-135M-shaped", "smollm2-135m-shaped"),
@@ -237,3 +237,71 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
         lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
     lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
     return lines
+
+
+# ---- the form's config as code you keep ----------------------------------------------------------
+#: A short comment for the keys a config from the form holds (dotted paths; a bare name is any
+#: key of that name). config.explain says more, in a table.
+KEY_COMMENTS = {
+    "train_batch_size": "micro batch x accumulation x GPUs",
+    "train_micro_batch_size_per_gpu": "what one GPU takes per forward",
+    "gradient_accumulation_steps": "micro batches per optimizer step",
+    "gradient_clipping": "the largest gradient norm kept",
+    "optimizer": "DeepSpeed builds it; AdamW keeps 12 bytes/param",
+    "steps_per_print": "DeepSpeed's own progress lines: off",
+    "wall_clock_breakdown": "timings per phase: off",
+    "fp16": "fp16 with dynamic loss scaling (a T4)",
+    "fp16.initial_scale_power": "the first loss scale is 2**this",
+    "bf16": "bfloat16, from compute capability 8.0",
+    "zero_optimization": "what ZeRO partitions and offloads",
+    "zero_optimization.stage": "1: optimizer states, 2: + gradients, 3: + weights",
+    "contiguous_gradients": "gradients in one buffer: less fragmentation",
+    "reduce_bucket_size": "elements reduced at a time",
+    "allgather_bucket_size": "elements gathered at a time",
+    "overlap_comm": "True overlaps communication, at more memory",
+    "offload_optimizer": "optimizer states and step off the GPU",
+    "offload_param": "the weights off the GPU (stage 3)",
+    "pin_memory": "page-locked host RAM: faster, never swapped",
+    "nvme_path": "a fast local disk",
+    "sub_group_size": "elements the optimizer steps at a time",
+}
+#: Longest line of the code :func:`config_as_python` writes (the kit's code lines: 100).
+CODE_WIDTH = 100
+
+
+def _python_literal(value) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def config_as_python(ds_config: dict, name: str = "ds_config") -> str:
+    """``ds_config`` as the source of a Python dict, one key a line, with a comment for the keys
+    :data:`KEY_COMMENTS` knows: what notebook 03's lesson cell holds, for the form's settings."""
+    lines = [f"{name} = {{"]
+
+    def walk(mapping: dict, indent: int, path: str) -> None:
+        pad = " " * indent
+        for key, value in mapping.items():
+            dotted = f"{path}.{key}" if path else key
+            comment = KEY_COMMENTS.get(dotted, KEY_COMMENTS.get(key, ""))
+            if isinstance(value, dict) and value:
+                head = f"{pad}{json.dumps(key)}: {{"
+                lines.append(head + (f"  # {comment}" if comment else ""))
+                walk(value, indent + 4, dotted)
+                lines.append(f"{pad}}},")
+                continue
+            line = f"{pad}{json.dumps(key)}: {_python_literal(value)},"
+            if comment and len(line) + len(comment) + 4 <= CODE_WIDTH:
+                line += f"  # {comment}"
+            elif comment:
+                lines.append(f"{pad}# {comment}")
+            lines.append(line)
+
+    walk(ds_config, 4, "")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def problems_table(problems: list[config.Problem]) -> Table:
+    """What the checker found in a config, one row per problem (a single row saying so if none)."""
+    rows = [(p.level, p.path, p.message, p.fix) for p in problems] or [("-", "-", "no problems", "-")]
+    return Table(["level", "key", "problem", "fix"], rows, title="The checker on your config")

@@ -146,6 +146,7 @@ def verdict(environment: Environment) -> list[str]:
         f"{memory.VERDICT_MARGIN:.0%} of the budget) and {memory.NO_FIT} beyond (notebook 06 goes further with "
         "NVMe offload; `python -m helpers sizing --model <name>` sizes any model)."
     )
+    lines.append(offload_host_sentence())
     if environment.gpu_count > 1:
         lines.append(
             f"{environment.gpu_count} GPUs: ZeRO partitions across them when launched with one process per GPU "
@@ -158,6 +159,43 @@ def verdict(environment: Environment) -> list[str]:
     if environment.has_gpu and not environment.nvcc:
         lines.append("No nvcc: DeepSpeed cannot JIT-build CUDA ops such as FusedAdam (notebook 02 explains the fix).")
     return lines
+
+
+#: What each kind of host-RAM bytes of a ZeRO-2 + CPU offload run is, in a sentence's words.
+HOST_KIND_WORDS = {
+    "optimizer": "fp32 master weights and Adam's two moments",
+    "grads": "the fp32 gradient partition the CPU optimizer reads",
+    "model build": "what stays of the fp32 model built on the host",
+    "pinned buffers": "pinned (page-locked) transfer buffers",
+}
+
+
+def offload_host_bytes_per_param(pin_memory: bool) -> dict[str, float]:
+    """Host bytes per parameter of ZeRO-2 + CPU offload by kind, as helpers.memory.estimate counts
+    them (the per-parameter slope between 1B and 2B parameters; the process base is left out)."""
+    config = {"fp16": {"enabled": True},
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+                                                                      "pin_memory": pin_memory}}}
+    small, large = (memory.estimate(memory.ModelInfo.from_count(n), config).parts["cpu"]
+                    for n in (10**9, 2 * 10**9))
+    slopes = {kind: (large[kind] - small.get(kind, 0)) / 10**9 for kind in large}
+    return {kind: round(value, 2) for kind, value in slopes.items() if round(value, 2)}
+
+
+def offload_host_sentence() -> str:
+    """The estimator's host RAM per parameter for ZeRO-2 + CPU offload, in words, unpinned and
+    pinned (DeepSpeed's default since 0.19.5; the kit's configs turn pinning off)."""
+    plain, pinned = offload_host_bytes_per_param(False), offload_host_bytes_per_param(True)
+    largest_first = sorted(plain, key=plain.get, reverse=True)
+    parts = " + ".join(f"{plain[kind]:g} ({HOST_KIND_WORDS.get(kind, kind)})"
+                       for kind in largest_first)
+    extra = {kind: value for kind, value in pinned.items() if kind not in plain}
+    extras = ", ".join(f"{value:g} more for {HOST_KIND_WORDS.get(kind, kind)}"
+                       for kind, value in extra.items())
+    return (f"ZeRO-2 + CPU offload, host RAM per parameter (helpers.memory.estimate): {parts} = "
+            f"{sum(plain.values()):g} bytes; with pin_memory true (DeepSpeed's default since "
+            f"0.19.5), {extras or 'nothing more'}: {sum(pinned.values()):g} bytes; over a process "
+            f"base of about {memory.HOST_BASE_GPU / GiB:.1f} GiB on a GPU machine.")
 
 
 def cpu_offload_limits(ram_bytes: int) -> tuple[int, int]:

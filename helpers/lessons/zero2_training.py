@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from helpers import claims, config, memory
+from helpers import claims, config, memory, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
@@ -86,6 +86,16 @@ class TrainRun:
         return {r["step"]: r["loss"] for r in self.records if "loss" in r}
 
 
+def checkpointing_argument() -> str:
+    """The TrainingArguments name of gradient checkpointing: ``activation_checkpointing`` in
+    transformers 5 (whose old name, ``gradient_checkpointing``, prints a FutureWarning and goes in
+    v6), ``gradient_checkpointing`` before it."""
+    from transformers import TrainingArguments
+
+    new = "activation_checkpointing"
+    return new if new in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+
+
 def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro_batch: int, lr: float,
                   precision: str, grad_accum: int = 1, save_steps: int | None = None, seed: int = 0,
                   grad_ckpt: bool = False):
@@ -99,7 +109,7 @@ def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro
         weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500, report_to=[], deepspeed=ds_config, fp16=precision == "fp16",
         bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed, data_seed=seed,
-        dataloader_num_workers=0, gradient_checkpointing=grad_ckpt,
+        dataloader_num_workers=0, **{checkpointing_argument(): grad_ckpt},
         disable_tqdm=os.environ.get("TQDM_DISABLE") == "1",
     )
 
@@ -175,7 +185,8 @@ def out_of_memory_demo(model, dataset, ds_config: dict, out_dir: str | os.PathLi
     if not torch.cuda.is_available():
         return finetune(model, dataset, ds_config, out_dir, steps=2, micro_batch=2, lr=lr, precision=precision,
                         fail_at_step=0)
-    model.gradient_checkpointing_disable()
+    # transformers 5's name (its old one, gradient_checkpointing_disable, prints a FutureWarning)
+    getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
     repeated = concatenate_datasets([dataset] * (micro_batch // max(1, len(dataset)) + 1))
     return finetune(model, repeated, ds_config, out_dir, steps=2, micro_batch=micro_batch, lr=lr,
                     precision=precision)
@@ -235,14 +246,14 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
     peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in recs), default=0)
     peak_rss = max((r["host_rss_bytes"] for r in recs), default=0)
     cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes / GiB
-    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's {cap:.2f}" if environment.has_gpu
+    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's {cap:.2f} GiB" if environment.has_gpu
              else "no GPU here: the CPU trained in fp32")
     simulated = " (simulated on CPU)" if "simulated" in oom.message else ""
     return [
         f"{config_name} through the Trainer: {len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f} "
         f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}.",
-        f"Memory: {where}; host RSS of this kernel {peak_rss / kit_env.GB:.1f} GB of the "
-        f"{kit_env.EMULATIONS['t4'].notebook_ram_bytes / kit_env.GB:.1f} GB a free Colab leaves it.",
+        f"Memory: {where}; host RSS of this kernel {peak_rss / GiB:.2f} GiB of the "
+        f"{show.in_gib(kit_env.EMULATIONS['t4'].notebook_ram_bytes, True)} a free Colab leaves it.",
         f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
         f"resume_from_checkpoint continued at the next step: {resumed_at}.",
         f"Out of GPU memory{simulated} came back as advice, not a crash: {oom.message[:90]}.",
@@ -261,8 +272,8 @@ def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
             ("tokens/s (median)", f"{sorted(timed)[len(timed) // 2]:,.0f}" if timed else "-", "first step left out"),
             ("peak GPU memory", f"{peak_gpu / GiB:.2f} GiB" if environment.has_gpu else "-",
              f"of a T4's {t4.gpu_cap_bytes / GiB:.2f} GiB" if environment.has_gpu else "no GPU"),
-            ("peak host RSS of this kernel", f"{peak_rss / kit_env.GB:.2f} GB",
-             f"of the {t4.notebook_ram_bytes / kit_env.GB:.1f} GB free Colab leaves it"),
+            ("peak host RSS of this kernel", f"{peak_rss / GiB:.2f} GiB",
+             f"of the {show.in_gib(t4.notebook_ram_bytes, True)} free Colab leaves it"),
             ("skipped (overflow) steps", recs[-1]["skipped_steps"] if recs else 0, "fp16 loss scaling backs off"),
             ("time", f"{run.seconds:.1f} s", "")]
     return Table(["what", "value", "against"], rows, title=f"Training run, {environment.measured_on()}")

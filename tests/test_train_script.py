@@ -1,0 +1,104 @@
+"""Notebook 07's train.py (issue 27, item 4): the parameters cell and the lesson cells exported as the
+script a learner launches, started with the deepspeed launcher and with ``accelerate launch`` and an
+Accelerate YAML config, with two CPU ranks in smoke mode, each printing the engine losses of one
+process; and the pieces around it, fed good and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers import claims
+from helpers.lessons import engine_and_accelerate as lesson
+from tests.test_lesson_scripts import lesson_script as guarded_script
+
+
+def test_train_py_is_the_lesson_script_the_lesson_test_runs():
+    """The export and the lesson-script test build the same script: the parameters cell, the
+    values after it, the lesson cells in order (the test adds its guard against the kit first)."""
+    values = {"MODEL_NAME": "/m", "TEXT_FILE": "/t.txt", "WORK_DIR": "/w"}
+    parts = lambda script: [part.split("\n", 1)[1] for part in script.split("# %% [")[1:]]
+    exported, tested = parts(lesson.lesson_script(lesson.NOTEBOOK, values)), parts(
+        guarded_script(lesson.NOTEBOOK, values))
+    assert 'sys.modules["helpers"] = None' in tested[0]
+    assert tested[1] == exported[0] and tested[3:] == exported[2:]  # parameters; lesson cells
+    assert "MODEL_NAME = '/m'" in exported[1] and "WORK_DIR = '/w'" in exported[1]
+
+
+def test_the_accelerate_yaml_names_nothing_accelerate_refuses_beside_a_deepspeed_config():
+    yaml = lesson.accelerate_yaml(2, use_cpu=True)
+    assert "distributed_type: DEEPSPEED" in yaml and "num_processes: 2" in yaml and "use_cpu: true" in yaml
+    assert "mixed_precision" not in yaml and "zero_stage" not in yaml
+
+
+def test_launched_losses_are_read_from_interleaved_ranks():
+    out = ("engine losses: engine losses: [6.0, 5.5, 5.0][6.0, 5.5, 5.0]\n"
+           "trainer losses: trainer losses:[6.1, 5.6] [6.1, 5.6]\n")
+    assert lesson.launched_losses(out) == [6.0, 5.5, 5.0]
+    assert lesson.launched_losses("no losses here") == []
+
+
+def _launched(name, code=0, losses=(6.0, 5.5, 5.0)):
+    return lesson.Launched(name, code, list(losses), 1.0, "")
+
+
+@pytest.mark.parametrize("runs", [
+    [_launched("deepspeed", code=1), _launched("accelerate launch")],
+    [_launched("deepspeed"), _launched("accelerate launch", losses=(6.0, 5.9, 5.8))],
+    [_launched("deepspeed"), _launched("accelerate launch", losses=(6.0, 5.5))],
+    [_launched("deepspeed")],
+    [_launched("deepspeed", losses=(6.0, math.nan, 5.0)), _launched("accelerate launch")],
+])
+def test_a_bad_launch_fails_its_claims(runs):
+    assert claims.failed(lesson.launch_claims(runs, [6.0, 5.5, 5.0], "fp32"))
+
+
+def test_a_good_launch_passes():
+    runs = [_launched("deepspeed"), _launched("accelerate launch")]
+    assert claims.failed(lesson.launch_claims(runs, [6.0, 5.5, 5.0], "fp32")) == []
+
+
+def test_train_py_runs_under_both_launchers_with_two_cpu_ranks(tmp_path):
+    """Smoke mode, two CPU ranks (gloo), offline: each launcher exits 0 and its engine prints the
+    losses of the same script run as one plain process (same data on every rank)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import data, models
+
+    model = models.save_offline_model(tmp_path / "model", "tiny")
+    text = data.write_offline_text(tmp_path / "train.txt", 60_000)
+    values = {"MODEL_NAME": str(model), "TEXT_FILE": str(text), "PRECISION": "fp32"}
+    one = tmp_path / "one"
+    script = lesson.write_train_script(one, {**values, "WORK_DIR": str(one)})
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(KIT_SMOKE="1", HF_HUB_OFFLINE="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1")
+    single = subprocess.run([sys.executable, str(script)], cwd=one, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert single.returncode == 0, (single.stdout + single.stderr)[-3000:]
+    reference = lesson.launched_losses(single.stdout)
+
+    launched_dir = tmp_path / "launched"
+    script = lesson.write_train_script(launched_dir, {**values, "WORK_DIR": str(launched_dir)})
+    yaml_file = launched_dir / "accelerate.yaml"
+    yaml_file.write_text(lesson.accelerate_yaml(2, use_cpu=True))
+    runs = []
+    for launcher, command in lesson.launch_commands(script, yaml_file, 2, lesson.free_ports()).items():
+        log_file = launched_dir / f"{launcher.split()[0]}.log"
+        line = f"cd {launched_dir} && {lesson.NOTEBOOK_LAUNCH_ENV} {command} > {log_file} 2>&1"
+        done = subprocess.run(["bash", "-c", line], env=env, timeout=900)  # as the notebook's "!"
+        runs.append(lesson.launched(launcher, done.returncode, log_file, 0.0))
+    failed = claims.failed(lesson.launch_claims(runs, reference, "fp32"))
+    assert not failed, (failed, [r.tail[-1500:] for r in runs])
+
+
+def test_the_launchers_are_found_beside_python_or_on_path(monkeypatch, tmp_path):
+    assert lesson.command_path("deepspeed").endswith("deepspeed")
+    monkeypatch.setattr(lesson.sys, "executable", str(tmp_path / "python3"))  # Colab: /usr/bin
+    monkeypatch.setattr(lesson.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    assert lesson.command_path("accelerate") == "/usr/local/bin/accelerate"
+    monkeypatch.setattr(lesson.shutil, "which", lambda name: None)
+    assert lesson.command_path("accelerate") == "accelerate"
