@@ -203,8 +203,8 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         keep_alive = HfDeepSpeedConfig(config)
     enter("model built")
     model = models.build_model(model_config, seed=spec.seed)
-    if spec.grad_ckpt:
-        model.gradient_checkpointing_enable()
+    if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     enter("deepspeed.initialize")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
