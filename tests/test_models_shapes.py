@@ -88,9 +88,12 @@ def test_llama_style_shapes_have_rmsnorm_swiglu_gqa_and_rotary(shape):
     mlp = block.mlp
     assert (mlp.gate_proj.out_features, mlp.up_proj.out_features, mlp.down_proj.in_features) == (
         cfg.intermediate_size,) * 3 and cfg.hidden_act == "silu"
-    # grouped-query attention: fewer key/value heads than query heads
+    # grouped-query attention: fewer key/value heads than query heads (SmolLM2-1.7B's checkpoint
+    # keeps all 32, as its config.json says)
     attn, head_dim = block.self_attn, cfg.hidden_size // cfg.num_attention_heads
-    assert cfg.num_key_value_heads < cfg.num_attention_heads
+    full_heads = {"smollm2-1.7b-shaped"}
+    assert (cfg.num_key_value_heads == cfg.num_attention_heads if shape in full_heads
+            else cfg.num_key_value_heads < cfg.num_attention_heads)
     assert attn.q_proj.out_features == cfg.num_attention_heads * head_dim
     assert attn.k_proj.out_features == attn.v_proj.out_features == cfg.num_key_value_heads * head_dim
     # rotary positions: a rotary module, no learned position table
