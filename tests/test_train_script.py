@@ -86,7 +86,8 @@ def test_train_py_runs_under_both_launchers_with_two_cpu_ranks(tmp_path):
     yaml_file = launched_dir / "accelerate.yaml"
     yaml_file.write_text(launch.accelerate_yaml(2, use_cpu=True))
     runs = []
-    for launcher, command in launch.launch_commands(script, yaml_file, 2, launch.free_ports()).items():
+    commands = launch.launch_commands(script, yaml_file, 2, launch.free_ports())
+    for launcher, command in commands.items():
         log_file = launched_dir / f"{launcher.split()[0]}.log"
         line = f"cd {launched_dir} && {launch.NOTEBOOK_LAUNCH_ENV} {command} > {log_file} 2>&1"
         done = subprocess.run(["bash", "-c", line], env=env, timeout=900)  # as the notebook's "!"
