@@ -47,7 +47,10 @@ LAYERS: list[dict[str, str]] = [
         "claims": "the check rules every notebook shares (a loss that falls, a tolerance)",
         "models": "GPT-2 and Llama/Qwen-style shapes built offline, a byte tokenizer",
     },
-    {"env": "machine facts, T4 emulation, libaio, one-process distributed setup"},
+    {
+        "env": "machine facts, T4 emulation, libaio, one-process distributed setup",
+        "launch": "train.py: lesson cells exported, started by deepspeed and accelerate launch",
+    },
     {"memory": "the memory estimator (GPU, host RAM, NVMe); fits, tight or does not fit"},
     {"config_check": "every value DeepSpeed would reject or ignore, at its key, with the fix"},
     {"config": "build, explain, save, load; the stage and offload rows; ZeRO-Infinity's"},

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from helpers import claims
+from helpers import claims, launch
 from helpers.lessons import engine_and_accelerate as lesson
 from tests.test_lesson_scripts import lesson_script as guarded_script
 
@@ -19,7 +19,7 @@ def test_train_py_is_the_lesson_script_the_lesson_test_runs():
     values after it, the lesson cells in order (the test adds its guard against the kit first)."""
     values = {"MODEL_NAME": "/m", "TEXT_FILE": "/t.txt", "WORK_DIR": "/w"}
     parts = lambda script: [part.split("\n", 1)[1] for part in script.split("# %% [")[1:]]
-    exported, tested = parts(lesson.lesson_script(lesson.NOTEBOOK, values)), parts(
+    exported, tested = parts(launch.lesson_script(lesson.NOTEBOOK, values)), parts(
         guarded_script(lesson.NOTEBOOK, values))
     assert 'sys.modules["helpers"] = None' in tested[0]
     assert tested[1] == exported[0] and tested[3:] == exported[2:]  # parameters; lesson cells
@@ -27,7 +27,7 @@ def test_train_py_is_the_lesson_script_the_lesson_test_runs():
 
 
 def test_the_accelerate_yaml_names_nothing_accelerate_refuses_beside_a_deepspeed_config():
-    yaml = lesson.accelerate_yaml(2, use_cpu=True)
+    yaml = launch.accelerate_yaml(2, use_cpu=True)
     assert "distributed_type: DEEPSPEED" in yaml and "num_processes: 2" in yaml and "use_cpu: true" in yaml
     assert "mixed_precision" not in yaml and "zero_stage" not in yaml
 
@@ -35,12 +35,12 @@ def test_the_accelerate_yaml_names_nothing_accelerate_refuses_beside_a_deepspeed
 def test_launched_losses_are_read_from_interleaved_ranks():
     out = ("engine losses: engine losses: [6.0, 5.5, 5.0][6.0, 5.5, 5.0]\n"
            "trainer losses: trainer losses:[6.1, 5.6] [6.1, 5.6]\n")
-    assert lesson.launched_losses(out) == [6.0, 5.5, 5.0]
-    assert lesson.launched_losses("no losses here") == []
+    assert launch.launched_losses(out, "engine") == [6.0, 5.5, 5.0]
+    assert launch.launched_losses("no losses here", "engine") == []
 
 
 def _launched(name, code=0, losses=(6.0, 5.5, 5.0)):
-    return lesson.Launched(name, code, list(losses), 1.0, "")
+    return launch.Launched(name, code, list(losses), 1.0, "")
 
 
 @pytest.mark.parametrize("runs", [
@@ -79,16 +79,17 @@ def test_train_py_runs_under_both_launchers_with_two_cpu_ranks(tmp_path):
     single = subprocess.run([sys.executable, str(script)], cwd=one, env=env, capture_output=True,
                             text=True, timeout=900)
     assert single.returncode == 0, (single.stdout + single.stderr)[-3000:]
-    reference = lesson.launched_losses(single.stdout)
+    reference = launch.launched_losses(single.stdout, "engine")
 
     launched_dir = tmp_path / "launched"
     script = lesson.write_train_script(launched_dir, {**values, "WORK_DIR": str(launched_dir)})
     yaml_file = launched_dir / "accelerate.yaml"
-    yaml_file.write_text(lesson.accelerate_yaml(2, use_cpu=True))
+    yaml_file.write_text(launch.accelerate_yaml(2, use_cpu=True))
     runs = []
-    for launcher, command in lesson.launch_commands(script, yaml_file, 2, lesson.free_ports()).items():
+    commands = launch.launch_commands(script, yaml_file, 2, launch.free_ports())
+    for launcher, command in commands.items():
         log_file = launched_dir / f"{launcher.split()[0]}.log"
-        line = f"cd {launched_dir} && {lesson.NOTEBOOK_LAUNCH_ENV} {command} > {log_file} 2>&1"
+        line = f"cd {launched_dir} && {launch.NOTEBOOK_LAUNCH_ENV} {command} > {log_file} 2>&1"
         done = subprocess.run(["bash", "-c", line], env=env, timeout=900)  # as the notebook's "!"
         runs.append(lesson.launched(launcher, done.returncode, log_file, 0.0))
     failed = claims.failed(lesson.launch_claims(runs, reference, "fp32"))
@@ -96,9 +97,9 @@ def test_train_py_runs_under_both_launchers_with_two_cpu_ranks(tmp_path):
 
 
 def test_the_launchers_are_found_beside_python_or_on_path(monkeypatch, tmp_path):
-    assert lesson.command_path("deepspeed").endswith("deepspeed")
-    monkeypatch.setattr(lesson.sys, "executable", str(tmp_path / "python3"))  # Colab: /usr/bin
-    monkeypatch.setattr(lesson.shutil, "which", lambda name: f"/usr/local/bin/{name}")
-    assert lesson.command_path("accelerate") == "/usr/local/bin/accelerate"
-    monkeypatch.setattr(lesson.shutil, "which", lambda name: None)
-    assert lesson.command_path("accelerate") == "accelerate"
+    assert launch.command_path("deepspeed").endswith("deepspeed")
+    monkeypatch.setattr(launch.sys, "executable", str(tmp_path / "python3"))  # Colab: /usr/bin
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/local/bin/{name}")
+    assert launch.command_path("accelerate") == "/usr/local/bin/accelerate"
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    assert launch.command_path("accelerate") == "accelerate"

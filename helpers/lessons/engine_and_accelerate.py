@@ -9,18 +9,13 @@ the notebook's claims with the shared rules of :mod:`helpers.claims`.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
-import shlex
-import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import claims
+from helpers import claims, launch
 from helpers.show import Table
 
 
@@ -315,156 +310,34 @@ def trainer_sentence(ratio: float | None, expected: float) -> str:
 
 
 # ---- train.py: the lesson cells as the script a launcher starts -------------------------------------
-#: Outside a notebook the lesson runs as a script under a launcher, one process per GPU (or per
-#: CPU rank). :func:`write_train_script` exports the parameters cell and the lesson cells of this
-#: notebook, in order, with the values the notebook resolved (the offline model, the text, the
-#: precision) assigned after the parameters; :func:`launch_commands` starts it with the deepspeed
-#: launcher and with ``accelerate launch`` and an Accelerate YAML config; the claims compare each
-#: launched run's engine losses with the notebook's own.
+#: The export, the launchers' commands and the reading of a launched run are helpers.launch's
+#: (notebook 04 uses them too); the claims compare each launched run's engine losses with the
+#: notebook's own.
 
 #: This notebook, where the kit keeps it (on Colab too: the setup cell clones the repository).
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "07_engine_and_accelerate.ipynb"
-#: A launched run's lines the claims read, as the lesson cells print them. Ranks print alike and
-#: their writes may interleave, so the pattern does not need a line of its own.
-_LAUNCHED_LOSSES = re.compile(r"engine losses:\s*\[([^\]]*)\]")
 
 
-def tagged_cells(notebook: Path, tag: str) -> list[str]:
-    """The source of every code cell of ``notebook`` tagged ``tag``, in order."""
-    cells = json.loads(Path(notebook).read_text())["cells"]
-    return ["".join(c["source"]) for c in cells
-            if c["cell_type"] == "code" and tag in c.get("metadata", {}).get("tags", [])]
-
-
-def lesson_script(notebook: Path, values: Mapping[str, object]) -> str:
-    """The parameters cell, then ``NAME = value`` for each of ``values`` (after it, as papermill
-    injects parameters), then the lesson cells, in order: the notebook's lesson as one script."""
-    params = tagged_cells(notebook, "parameters")
-    if len(params) != 1:
-        raise ValueError(f"{Path(notebook).name}: expected one parameters cell, found {len(params)}")
-    assigned = "\n".join(f"{name} = {value!r}" for name, value in values.items())
-    parts = [params[0], "# The values the notebook resolved\n" + assigned,
-             *tagged_cells(notebook, "lesson")]
-    return "\n\n\n".join(f"# %% [{i}]\n{part}" for i, part in enumerate(parts)) + "\n"
-
-
-def write_train_script(folder: str | os.PathLike, values: Mapping[str, object],
-                       notebook: Path = NOTEBOOK) -> Path:
-    """``folder``/train.py: :func:`lesson_script` of ``notebook``."""
-    path = Path(folder) / "train.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(lesson_script(notebook, values))
-    return path
-
-
-def accelerate_yaml(num_processes: int, use_cpu: bool) -> str:
-    """An Accelerate config for ``accelerate launch``: DeepSpeed, one machine, ``num_processes``
-    processes. The script brings its own DeepSpeed config (``DeepSpeedPlugin(hf_ds_config=...)``),
-    so the YAML names no ZeRO stage and no mixed precision: Accelerate refuses a config file
-    beside either ("the following accelerate config variables will be ignored")."""
-    return "\n".join([
-        "compute_environment: LOCAL_MACHINE",
-        "distributed_type: DEEPSPEED",
-        "deepspeed_config:",
-        "  deepspeed_multinode_launcher: standard",
-        "  zero3_init_flag: false",
-        "machine_rank: 0",
-        "num_machines: 1",
-        f"num_processes: {num_processes}",
-        f"use_cpu: {'true' if use_cpu else 'false'}",
-    ]) + "\n"
-
-
-def launch_commands(script: Path, yaml_file: Path, num_processes: int,
-                    ports: tuple[int, int]) -> dict[str, str]:
-    """The two command lines that start ``script``, as you would type them: the deepspeed launcher
-    (``--num_gpus``: the processes on this machine, GPUs or CPU ranks) and ``accelerate launch``
-    with the YAML. (The notebook runs them with ``!``: helpers start no training run but
-    helpers.runner's.)"""
-    return {
-        "deepspeed": shlex.join([command_path("deepspeed"), "--num_gpus", str(num_processes),
-                                 "--master_port", str(ports[0]), str(script)]),
-        "accelerate launch": shlex.join([command_path("accelerate"), "launch", "--config_file",
-                                         str(yaml_file), "--main_process_port", str(ports[1]),
-                                         str(script)]),
-    }
-
-
-def command_path(name: str) -> str:
-    """A console script of this Python's packages: beside the interpreter (a virtual environment),
-    else on PATH (Colab puts pip's scripts in /usr/local/bin, not beside /usr/bin/python3), else
-    the bare name."""
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.exists() else shutil.which(name) or name
-
-
-#: Prefix of a launch from inside the notebook: the notebook's own one-process group variables
-#: (set by the lesson) must not reach the launcher, which sets its own; ranks share the cores.
-NOTEBOOK_LAUNCH_ENV = ("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u LOCAL_RANK -u WORLD_SIZE "
-                       "TQDM_DISABLE=1 OMP_NUM_THREADS=1")
-
-
-@dataclass
-class Launched:
-    """One launched run of train.py: its exit code, the engine losses it printed, its output."""
-
-    launcher: str
-    returncode: int
-    engine_losses: list[float]
-    seconds: float
-    tail: str
-
-
-def launched_losses(output: str) -> list[float]:
-    """The engine losses a launched run printed (the first rank's line that reads whole)."""
-    for match in _LAUNCHED_LOSSES.finditer(output):
-        try:
-            return [float(x) for x in match.group(1).split(",") if x.strip()]
-        except ValueError:
-            continue
-    return []
+def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) -> Path:
+    """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells."""
+    return launch.write_train_script(folder, values, NOTEBOOK)
 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
-             seconds: float) -> Launched:
+             seconds: float) -> launch.Launched:
     """What one launch left: its exit code and the engine losses in its log."""
-    output = Path(log_file).read_text(errors="replace") if Path(log_file).exists() else ""
-    return Launched(launcher, returncode, launched_losses(output), seconds, output[-3000:])
+    return launch.launched(launcher, returncode, log_file, seconds, "engine")
 
 
-def launch_claims(runs: Sequence[Launched], engine_losses: Sequence[float],
+def launch_claims(runs: Sequence[launch.Launched], engine_losses: Sequence[float],
                   precision: str) -> list[claims.Claim]:
     """Each able to fail: both launchers ran, each exited 0 and its engine printed the notebook's
     engine losses (the same script on the same data: within this precision's tolerances)."""
-    out = [("train.py ran under both launchers",
-            {r.launcher for r in runs} == {"deepspeed", "accelerate launch"})]
-    for r in runs:
-        out.append((f"{r.launcher}: train.py exited 0 (exit code {r.returncode})", r.returncode == 0))
-        label, held = matches_claim(f"{r.launcher}: the launched engine", r.engine_losses,
-                                    engine_losses, precision)
-        out.append((f"{label}, all {len(engine_losses)} steps",
-                    held and len(r.engine_losses) == len(engine_losses)))
-    return out
+    return launch.launch_claims(
+        runs, len(engine_losses),
+        lambda label, losses: matches_claim(label, losses, engine_losses, precision))
 
 
-def free_ports(count: int = 2) -> tuple[int, ...]:
-    """Ports the OS says are free now (each launcher's rendezvous needs its own)."""
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("", 0))
-        return tuple(sock.getsockname()[1] for sock in sockets)
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def launch_table(runs: Sequence[Launched]) -> Table:
+def launch_table(runs: Sequence[launch.Launched]) -> Table:
     """One row per launcher: exit code, time, the engine's first and last loss."""
-    rows = [(r.launcher, r.returncode, f"{r.seconds:.0f} s",
-             f"{r.engine_losses[0]:.4f} -> {r.engine_losses[-1]:.4f}" if r.engine_losses else "-")
-            for r in runs]
-    return Table(["launcher", "exit code", "time", "engine loss"], rows,
-                 title="train.py, started by a launcher")
+    return launch.launch_table(runs, "engine")

@@ -1,0 +1,166 @@
+"""train.py: a notebook's lesson cells as the script a launcher starts (notebooks 04 and 07).
+
+Outside a notebook the lesson runs as a script under a launcher, one process per GPU (or per CPU
+rank). :func:`write_train_script` exports a notebook's parameters cell and its ``lesson`` cells, in
+order, with the values the notebook resolved (the offline model, the text, the precision, its
+folder) assigned after the parameters; :func:`launch_commands` starts it with the deepspeed launcher
+and with ``accelerate launch`` and an Accelerate YAML config (the notebook runs them with ``!``:
+helpers start no training run but helpers.runner's); :func:`launched` reads what a run printed, and
+:func:`launch_claims` compares it with the notebook's own run by the lesson's rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import claims
+from helpers.show import Table
+
+#: Prefix of a launch from inside the notebook: the notebook's own one-process group variables
+#: (set by the lesson) must not reach the launcher, which sets its own; ranks share the cores.
+NOTEBOOK_LAUNCH_ENV = ("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u LOCAL_RANK -u WORLD_SIZE "
+                       "TQDM_DISABLE=1 OMP_NUM_THREADS=1")
+
+
+def tagged_cells(notebook: Path, tag: str) -> list[str]:
+    """The source of every code cell of ``notebook`` tagged ``tag``, in order."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    return ["".join(c["source"]) for c in cells
+            if c["cell_type"] == "code" and tag in c.get("metadata", {}).get("tags", [])]
+
+
+def lesson_script(notebook: Path, values: Mapping[str, object]) -> str:
+    """The parameters cell, then ``NAME = value`` for each of ``values`` (after it, as papermill
+    injects parameters), then the lesson cells, in order: the notebook's lesson as one script."""
+    params = tagged_cells(notebook, "parameters")
+    if len(params) != 1:
+        raise ValueError(f"{Path(notebook).name}: expected one parameters cell, "
+                         f"found {len(params)}")
+    assigned = "\n".join(f"{name} = {value!r}" for name, value in values.items())
+    parts = [params[0], "# The values the notebook resolved\n" + assigned,
+             *tagged_cells(notebook, "lesson")]
+    return "\n\n\n".join(f"# %% [{i}]\n{part}" for i, part in enumerate(parts)) + "\n"
+
+
+def write_train_script(folder: str | os.PathLike, values: Mapping[str, object],
+                       notebook: Path) -> Path:
+    """``folder``/train.py: :func:`lesson_script` of ``notebook``."""
+    path = Path(folder) / "train.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(lesson_script(notebook, values))
+    return path
+
+
+def accelerate_yaml(num_processes: int, use_cpu: bool) -> str:
+    """An Accelerate config for ``accelerate launch``: DeepSpeed, one machine, ``num_processes``
+    processes. The script brings its own DeepSpeed config (``DeepSpeedPlugin(hf_ds_config=...)``
+    or ``TrainingArguments(deepspeed=...)``), so the YAML names no ZeRO stage and no mixed
+    precision: Accelerate refuses a config file beside either ("the following accelerate config
+    variables will be ignored")."""
+    return "\n".join([
+        "compute_environment: LOCAL_MACHINE",
+        "distributed_type: DEEPSPEED",
+        "deepspeed_config:",
+        "  deepspeed_multinode_launcher: standard",
+        "  zero3_init_flag: false",
+        "machine_rank: 0",
+        "num_machines: 1",
+        f"num_processes: {num_processes}",
+        f"use_cpu: {'true' if use_cpu else 'false'}",
+    ]) + "\n"
+
+
+def launch_commands(script: Path, yaml_file: Path, num_processes: int,
+                    ports: tuple[int, int]) -> dict[str, str]:
+    """The two command lines that start ``script``, as you would type them: the deepspeed launcher
+    (``--num_gpus``: the processes on this machine, GPUs or CPU ranks) and ``accelerate launch``
+    with the YAML."""
+    return {
+        "deepspeed": shlex.join([command_path("deepspeed"), "--num_gpus", str(num_processes),
+                                 "--master_port", str(ports[0]), str(script)]),
+        "accelerate launch": shlex.join([command_path("accelerate"), "launch", "--config_file",
+                                         str(yaml_file), "--main_process_port", str(ports[1]),
+                                         str(script)]),
+    }
+
+
+def command_path(name: str) -> str:
+    """A console script of this Python's packages: beside the interpreter (a virtual environment),
+    else on PATH (Colab puts pip's scripts in /usr/local/bin, not beside /usr/bin/python3), else
+    the bare name."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name) or name
+
+
+def free_ports(count: int = 2) -> tuple[int, ...]:
+    """Ports the OS says are free now (each launcher's rendezvous needs its own)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("", 0))
+        return tuple(sock.getsockname()[1] for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass
+class Launched:
+    """One launched run of train.py: its exit code, the losses it printed, its output's end."""
+
+    launcher: str
+    returncode: int
+    losses: list[float]
+    seconds: float
+    tail: str
+
+
+def launched_losses(output: str, label: str) -> list[float]:
+    """The losses a launched run printed as ``<label> losses: [...]`` (the first rank's line that
+    reads whole: ranks print alike and their writes may interleave)."""
+    pattern = re.compile(rf"{re.escape(label)} losses:\s*\[([^\]]*)\]")
+    for match in pattern.finditer(output):
+        try:
+            return [float(x) for x in match.group(1).split(",") if x.strip()]
+        except ValueError:
+            continue
+    return []
+
+
+def launched(launcher: str, returncode: int, log_file: str | os.PathLike, seconds: float,
+             label: str) -> Launched:
+    """What one launch left: its exit code and the ``label`` losses in its log."""
+    output = Path(log_file).read_text(errors="replace") if Path(log_file).exists() else ""
+    return Launched(launcher, returncode, launched_losses(output, label), seconds, output[-3000:])
+
+
+def launch_claims(runs: Sequence[Launched], steps: int,
+                  matches: Callable[[str, list[float]], claims.Claim]) -> list[claims.Claim]:
+    """Each able to fail: both launchers ran, each exited 0, printed ``steps`` losses, and those
+    held the lesson's rule ``matches(label, losses)`` against the notebook's own run."""
+    out = [("train.py ran under both launchers",
+            {r.launcher for r in runs} == {"deepspeed", "accelerate launch"})]
+    for r in runs:
+        out.append((f"{r.launcher}: train.py exited 0 (exit code {r.returncode})",
+                    r.returncode == 0))
+        label, held = matches(f"{r.launcher}: the launched run", r.losses)
+        out.append((f"{label}, all {steps} steps", held and len(r.losses) == steps))
+    return out
+
+
+def launch_table(runs: Sequence[Launched], what: str) -> Table:
+    """One row per launcher: exit code, time, the first and last of its ``what`` losses."""
+    rows = [(r.launcher, r.returncode, f"{r.seconds:.0f} s",
+             f"{r.losses[0]:.4f} -> {r.losses[-1]:.4f}" if r.losses else "-") for r in runs]
+    return Table(["launcher", "exit code", "time", f"{what} loss"], rows,
+                 title="train.py, started by a launcher")
