@@ -65,7 +65,94 @@ def batches(text: str, tokenizer, block_size: int, micro_batch: int, steps: int,
 
 
 def resolve_text(path: str | None, work_dir: str | os.PathLike, n_chars: int, seed: int = 0) -> str:
-    """The text file to train on: ``path`` when it exists, else the offline corpus written here."""
+    """The text file to train on: ``path`` when it exists, else (no path) the offline corpus written
+    here. A path that names no file is refused with the fix, never silently replaced."""
     if path and Path(path).is_file():
         return str(path)
+    if path:
+        raise FileNotFoundError(f"TEXT_FILE {path!r} is not a file: point it at a plain-text file "
+                                "(one example a line), or set it to None for the kit's corpus")
     return str(write_offline_text(Path(work_dir) / "train.txt", n_chars, seed=seed))
+
+
+# ---- a Hub dataset, and its cache on a machine without network ------------------------------------
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when the Hugging Face Hub answers (and HF_HUB_OFFLINE is not set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
+        return False
+    import socket
+
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _datasets_cache_folder(name: str, config_name: str, cache_dir: str | os.PathLike | None) -> Path:
+    """Where ``load_dataset(name, config_name)`` keeps what it prepared (datasets'
+    CachedDatasetModuleFactory reads ``NAMESPACE___NAME/CONFIG/VERSION/HASH/``)."""
+    from datasets import config
+    from datasets.naming import camelcase_to_snakecase
+
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    return Path(cache_dir or config.HF_DATASETS_CACHE) / "___".join(parts) / config_name
+
+
+def datasets_cached(name: str, config_name: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    """True when this machine's datasets cache holds ``name``'s configuration, prepared by an earlier
+    ``load_dataset``: then ``load_dataset(name, config_name)`` works with HF_HUB_OFFLINE=1."""
+    folder = _datasets_cache_folder(name, config_name, cache_dir)
+    return any(p.is_dir() for p in folder.glob("*/*"))
+
+
+def write_datasets_cache(text_file: str | os.PathLike, name: str, config_name: str,
+                         cache_dir: str | os.PathLike | None = None) -> Path:
+    """Lay a plain-text file out as ``load_dataset(name, config_name)`` leaves a Hub dataset once
+    downloaded (a "text" column, split "train"), so that the same call finds it with no network
+    (HF_HUB_OFFLINE=1, ``HF_DATASETS_CACHE=cache_dir``): how the kit tests the Hub-name path
+    offline, and a way to carry a dataset to a machine without network. Returns the folder."""
+    import json
+    import shutil
+    import tempfile
+
+    import datasets
+
+    with tempfile.TemporaryDirectory() as work:
+        builder = datasets.load_dataset_builder("text", data_files=str(text_file), cache_dir=work)
+        builder.download_and_prepare()
+        prepared = Path(builder.cache_dir)
+        short = name.split("/")[-1]
+        folder = _datasets_cache_folder(name, config_name, cache_dir) / "0.0.0" / prepared.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for arrow in prepared.glob("*.arrow"):
+            shutil.copy(arrow, folder / arrow.name.replace("text-", f"{short}-", 1))
+        info = json.loads((prepared / "dataset_info.json").read_text())
+        info.update(config_name=config_name, dataset_name=short)
+        (folder / "dataset_info.json").write_text(json.dumps(info))
+    return folder
+
+
+def resolve_text_source(dataset: tuple[str, str] | None, text_file: str | None,
+                        work_dir: str | os.PathLike, n_chars: int,
+                        seed: int = 0) -> tuple[tuple[str, str] | None, str | None, str]:
+    """(the Hub dataset to load or None, the text file to load or None, a one-line note saying why).
+
+    Your ``text_file`` wins where given (refused when it names no file); else ``dataset`` (a Hub
+    name and configuration) where this machine's datasets cache holds it or the Hub answers; else
+    the kit's offline corpus, written to ``work_dir`` (CI and the GPU machine have no network).
+    """
+    if text_file:
+        return None, resolve_text(text_file, work_dir, n_chars, seed), f"text: your file {text_file}"
+    if dataset:
+        name, config_name = dataset
+        if datasets_cached(name, config_name):
+            return tuple(dataset), None, f"text: {name} ({config_name}) from this machine's datasets cache"
+        if hub_reachable():
+            return tuple(dataset), None, f"text: {name} ({config_name}) from the Hugging Face Hub"
+    corpus = resolve_text(None, work_dir, n_chars, seed)
+    why = f"{dataset[0]} cannot be loaded: the Hub cannot be reached" if dataset else "no DATASET"
+    return None, corpus, f"text: the kit's offline corpus, {n_chars:,} characters, at {corpus} ({why})"

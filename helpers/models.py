@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import helpers
+from helpers.data import hub_reachable  # models and datasets share the Hub's answer
 
 #: GPT-2 family shapes (layers, width, heads); "tiny" and "small-test" are for smoke mode and tests.
 GPT2_SHAPES: dict[str, tuple[int, int, int]] = {
@@ -266,19 +267,6 @@ def pretrain(model, tokenizer, steps: int, block: int = 64, micro_batch: int = 8
         losses.append(loss.item())
     model.eval()
     return losses
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when the Hugging Face Hub answers (and HF_HUB_OFFLINE is not set)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"}:
-        return False
-    import socket
-
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def write_hub_cache(folder: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike) -> Path:

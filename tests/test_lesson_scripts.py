@@ -9,7 +9,8 @@ For every notebook with at least one ``lesson`` cell, the test writes a .py file
 2. the ``parameters`` cell;
 3. a cell of assignments, as papermill injects parameters after that cell: ``MODEL_NAME`` and
    ``TEXT_FILE`` point at a model folder and a text file written into a temporary folder by
-   ``helpers.models.save_offline_model`` and ``helpers.data.write_offline_text``, ``WORK_DIR`` /
+   ``helpers.models.save_offline_model`` and ``helpers.data.write_offline_text``, ``DATASET`` at a
+   Hub name whose datasets cache the test wrote (``helpers.data.write_datasets_cache``), ``WORK_DIR`` /
    ``OUT_DIR`` into the same folder (each only when the parameters cell defines it);
 4. the ``lesson`` cells, in order;
 
@@ -58,6 +59,9 @@ ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate"}
 #: Names a parameters cell may define that the test points into its temporary folder.
 #: The Hub name the scripts load, from a Hub-layout cache written by the test (HF_HUB_OFFLINE=1).
 HUB_NAME = "zero-kit-offline/tiny-gpt2"
+#: The Hub dataset (name, configuration) the scripts load, from a datasets cache laid out as
+#: load_dataset leaves a downloaded one (HF_HUB_OFFLINE=1): notebook 06's DATASET path.
+HUB_DATASET = ("zero-kit-offline/corpus", "wiki")
 _LOSSES = re.compile(r"\blosses?:\s*\[([^\]]*)\]\s*$")
 _DIST = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -169,10 +173,11 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
     model = models.save_offline_model(tmp_path / "model", "tiny")
     models.write_hub_cache(model, HUB_NAME, tmp_path / "hub")
     text = data.write_offline_text(tmp_path / "train.txt", 60_000)
+    data.write_datasets_cache(text, *HUB_DATASET, cache_dir=tmp_path / "datasets")
     work = tmp_path / "work"
     work.mkdir()
     injected = {"MODEL_NAME": HUB_NAME, "TEXT_FILE": str(text), "WORK_DIR": str(work),
-                "OUT_DIR": str(work / "out")}
+                "OUT_DIR": str(work / "out"), "DATASET": HUB_DATASET}
     if stage is not None:
         injected["STAGE"] = stage
     script = tmp_path / f"{path.stem}_lesson.py"
@@ -181,7 +186,7 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
     env = {k: v for k, v in os.environ.items() if k not in _DIST}
     env["PYTHONPATH"] = without_repo(os.environ.get("PYTHONPATH", ""))
     env.update(KIT_SMOKE="1", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), TQDM_DISABLE="1",
-               MPLBACKEND="agg")
+               MPLBACKEND="agg", HF_DATASETS_CACHE=str(tmp_path / "datasets"))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     tail = (done.stdout + done.stderr)[-4000:]

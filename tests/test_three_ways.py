@@ -4,6 +4,9 @@ ZeRO-3 weights that were not partitioned, a Trainer whose token count is off. Ea
 fail the claim it is about, and a good run must pass them all (so no test passes by accident)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -252,6 +255,44 @@ def test_resolve_text_keeps_a_file_and_writes_the_corpus_otherwise(tmp_path):
     assert data.resolve_text(str(mine), tmp_path, 1000) == str(mine)
     written = data.resolve_text(None, tmp_path, 1000)
     assert written != str(mine) and len(open(written).read()) == 1000
+    with pytest.raises(FileNotFoundError, match="TEXT_FILE .* is not a file"):  # a typo, not the corpus
+        data.resolve_text(str(tmp_path / "typo.txt"), tmp_path, 1000)
+
+
+WIKI = ("Salesforce/wikitext", "wikitext-2-raw-v1")
+
+
+def test_resolve_text_source_prefers_your_file_then_the_dataset_then_the_corpus(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("hello\n")
+    assert data.resolve_text_source(WIKI, str(mine), tmp_path, 1000)[:2] == (None, str(mine))
+    dataset, text, note = data.resolve_text_source(WIKI, None, tmp_path, 1000)  # offline, not cached
+    assert dataset is None and len(open(text).read()) == 1000
+    assert "offline corpus" in note and "cannot be reached" in note
+    data.write_datasets_cache(mine, *WIKI)  # as load_dataset leaves it once downloaded
+    assert data.datasets_cached(*WIKI) and not data.datasets_cached(WIKI[0], "wikitext-103-raw-v1")
+    dataset, text, note = data.resolve_text_source(WIKI, None, tmp_path, 1000)
+    assert dataset == WIKI and text is None and "cache" in note
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty")
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: True)
+    assert data.resolve_text_source(WIKI, None, tmp_path, 1000)[0] == WIKI
+
+
+def test_a_written_datasets_cache_loads_by_its_hub_name_offline(tmp_path):
+    """The Hub-name path with no network: load_dataset(name, configuration) finds the cache."""
+    text = data.write_offline_text(tmp_path / "t.txt", 2000)
+    data.write_datasets_cache(text, "zero-kit-offline/corpus", "wiki", cache_dir=tmp_path / "ds")
+    code = ("import datasets; d = datasets.load_dataset('zero-kit-offline/corpus', 'wiki', "
+            "split='train'); print('ROWS', len(d), d[0]['text'][:20])")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "ds"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    rows = open(text).read().splitlines()
+    assert f"ROWS {len(rows)} {rows[0][:20]}" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 def test_table_and_plot_show_every_path():
