@@ -69,11 +69,20 @@ OVERFLOW_CHECK_BYTES = 3
 #: What ``engine.step()`` adds to host RAM with the optimizer offloaded at ZeRO-3 once the kit's
 #: sliced overflow check is in place (bytes per parameter): the step's rise over the end of
 #: backward in notebook 06's 2.7B NVMe rung (a fit row), 0.37 and 0.39 (GPU_RUNS.md runs 12 and
-#: 14). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place.
+#: 14). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place. Used
+#: with the optimizer in CPU RAM; with the optimizer on NVMe, STEP_SUB_GROUP_BYTES (below).
 SLICED_STEP_BYTES = 0.38
 #: ...and at least this much: small models' steps rise by a size-independent amount (the fit row
 #: SmolLM2-135M-shaped ZeRO-3 + NVMe 2 x 512: 0.25 GiB, 2 bytes per parameter).
 SLICED_STEP_FLOOR = int(0.25 * GiB)
+#: With the optimizer on NVMe, what ``engine.step()`` adds to host RAM per element of the largest
+#: optimizer sub-group: each sub-group is swapped in for its step, with an fp32 copy of its
+#: gradient and of its weights beside the swap buffers (4 + 4 bytes). Measured in T4 emulation
+#: (GPU_RUNS.md run 20, the step's RSS rise over forward and backward): Qwen2.5-0.5B-shaped 1.09 GB
+#: with a 136M-element embedding (8.0 bytes each), TinyLlama-1.1B-shaped 0.52 GB with 65.5M (8.0),
+#: GPT-2 124M 0.24-0.31 GB with 38.6M (6.3-8.0). GPT-2's embedding is a fixed share of its size,
+#: which is why SLICED_STEP_BYTES per parameter had matched GPT-2 rungs and missed the modern ones.
+STEP_SUB_GROUP_BYTES = 8
 #: Host RSS that a ZeRO-3 run with offload whose model was built under ``deepspeed.zero.Init``
 #: keeps above the process base, its gradients, its step and its swap buffers (it has no
 #: host-built model to leave behind): the residual of notebook 06's NVMe rungs at 774M and 2.7B
@@ -388,8 +397,16 @@ def _gpu_phases(
         # never less than one whole parameter or the head (ModelInfo.gathered_floor)
         resident["gathered params"] = min(p, max(live, model.gathered_floor)) * w
     acts = activation_bytes(model, micro_batch * seq_len, grad_ckpt, w)
+    at_logits = dict(resident)
+    if stage == 3:
+        # while the loss's logits are alive, ZeRO-3 holds the head gathered and the next prefetch
+        # bucket, not stage3_max_live_parameters' worth: measured in T4 emulation (GPU_RUNS.md run
+        # 20) the six NVMe rungs of GPT-2 124M, Qwen2.5-0.5B and TinyLlama-1.1B peaked 0.08 to
+        # 0.22 GiB under a prediction that counted the live limit here
+        at_logits["gathered params"] = min(p, model.gathered_floor + int(
+            zero.get("stage3_prefetch_bucket_size", 5e7))) * w
     phases = {
-        "start of backward": {**resident, "activations": acts["start of backward"]},
+        "start of backward": {**at_logits, "activations": acts["start of backward"]},
         "end of backward": {
             **resident,
             "grads": on.get("grads", 0),
@@ -523,7 +540,10 @@ def estimate(
             est.add(place, kind, nbytes)
     if stage == 3 and (host_opt or host_par):
         est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
-        if sliced_overflow_check:
+        if sliced_overflow_check and host_opt == "nvme":
+            group = largest_sub_group_numel(model, int(zero.get("sub_group_size", 1e9)), world_size)
+            step = STEP_SUB_GROUP_BYTES * group
+        elif sliced_overflow_check:
             step = max(SLICED_STEP_BYTES * p / n, SLICED_STEP_FLOOR)
         else:
             step = OVERFLOW_CHECK_BYTES * p / n

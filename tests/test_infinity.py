@@ -112,7 +112,9 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
               for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]
     ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
-    rungs = [biggest_model.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000),
+    spec = runner.RunSpec(ds_config={"zero_optimization": {"stage": 3, "sub_group_size": 10**6}},
+                          shape="gpt2-124m")
+    rungs = [biggest_model.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000, spec=spec),
              biggest_model.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
              biggest_model.Rung("gpt2-355m", "ZeRO-3 + NVMe", runner.RunResult("y", runner.KILLED_RAM, "RAM"), 1)]
     bound = biggest_model.predicted_nvme_step_s(memory.ModelInfo.for_shape("gpt2-124m"), 1000.0, 2000.0)
@@ -122,7 +124,31 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     assert row["vs bound"] == f"{10.0 / bound:.1f}x"
     assert [row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
     lines = biggest_model.takeaways(rungs, env.describe())
-    assert any("optimizer step +1.00 GiB over forward and backward (8.66 bytes/param)" in l for l in lines)
+    # GPT-2's embedding (50257 x 768) is its largest sub-group: DeepSpeed never splits a parameter
+    assert any("optimizer step +1.00 GiB over forward and backward (27.8 bytes per element of its "
+               "largest optimizer sub-group, 38.6M)" in l for l in lines), lines
+
+
+def _nvme_rung(shape: str, rise: int) -> biggest_model.Rung:
+    info = memory.ModelInfo.for_shape(shape)
+    ds = config.zero_infinity(info, config.t4_profile(env.describe()), 4, "/tmp/x")
+    phases = [{"name": "forward and backward", "start_bytes": 0, "peak_bytes": 6 * 2**30, "entries": 5},
+              {"name": "optimizer step", "start_bytes": 0, "peak_bytes": 6 * 2**30 + rise, "entries": 5}]
+    result = runner.RunResult("x", runner.OK, rss_phases=phases)
+    spec = runner.RunSpec(ds_config=ds, shape=shape, micro_batch=4)
+    return biggest_model.Rung(shape, biggest_model.NVME, result, info.n_params, spec=spec)
+
+
+@pytest.mark.parametrize("shape, measured", [("qwen2.5-0.5b-shaped", 1_089_000_000),
+                                             ("tinyllama-1.1b-shaped", 524_000_000)])
+def test_the_step_rise_check_holds_run_20s_rungs_and_fails_the_whole_buffer_overflow_check(
+        shape, measured):
+    """Run 20 (T4 emulation): the step rose 8 bytes per element of the largest sub-group, the
+    embedding. DeepSpeed's whole-buffer overflow check (3 bytes per parameter more) must fail."""
+    assert biggest_model.step_rise_ok(_nvme_rung(shape, measured))
+    whole = measured + 3 * memory.ModelInfo.for_shape(shape).n_params
+    assert not biggest_model.step_rise_ok(_nvme_rung(shape, whole))
+    assert not biggest_model.step_rise_ok(_nvme_rung(shape, int(1.3 * measured)))  # past the margin
 
 
 # ---- modern shapes, the weights-on-GPU method, and the estimator held to the ladder (issue 26) ----

@@ -286,8 +286,10 @@ def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build
         r = by_id[row_id]
         p = measurements.predict(r)
         host = p.estimate.parts["cpu"]
-        # 124M's small step sits on SLICED_STEP_FLOOR: within the issue's 15% (+10.5%); the rest 5%
-        rtol = measurements.HOST_RTOL if row_id == LADDER[0] else 0.05
+        # the step's temporaries follow the largest optimizer sub-group (memory.STEP_SUB_GROUP_BYTES,
+        # 8 bytes per element, measured in run 20): GPT-2's 124M and 355M read high by 8.0% and
+        # 5.2%, inside the issue's 15%; from 774M on within 5%
+        rtol = measurements.HOST_RTOL if row_id in LADDER[:2] else 0.05
         assert r["zero_init"] and claims.within(sum(host.values()), r["peak_host_rss_bytes"], rtol)
         assert "zero.Init build" in host and "model build" not in host
     top = by_id[LADDER[-1]]
@@ -310,13 +312,14 @@ def test_notebook_06s_nvme_rungs_follow_the_sliced_check_and_the_zero_init_build
             assert used[key] == ladder[key], (row_id, key)
 
 
-def test_zero_init_constant_step_floor_and_sliced_step_are_needed(monkeypatch):
+def test_zero_init_constant_sub_group_step_and_sliced_step_are_needed(monkeypatch):
     top = next(r for r in ROWS if r["id"] == LADDER[-1])
     small_id = "smollm2-135m-shaped|stage 3 + NVMe offload|2x512|ckpt"
     small = next(r for r in ROWS if r["id"] == small_id)
     assert small["split"] == "fit" and claims.within(
         measurements.predict(small).estimate.total("cpu"), small["peak_host_rss_bytes"], 0.05)
-    monkeypatch.setattr(memory, "SLICED_STEP_FLOOR", 0)  # small models: 0.25 GiB, not 0.38 B/param
+    # its step rose 0.27 GB: 8 bytes per element of its embedding (28.3M), not 0.38 B/param
+    monkeypatch.setattr(memory, "STEP_SUB_GROUP_BYTES", 0)
     assert measurements.predict(small).estimate.total("cpu") < 0.92 * small["peak_host_rss_bytes"]
     monkeypatch.setattr(memory, "ZERO_INIT_HOST_BYTES", 0)
     assert not claims.within(measurements.predict(top).estimate.total("cpu"),

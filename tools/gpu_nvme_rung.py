@@ -33,7 +33,8 @@ r = rungs[0].result
 print(biggest_model.nvme_table(rungs, write, read))
 print(biggest_model.prediction_table(rungs, machine))
 print(biggest_model.throughput_table(rungs, write, read))
-print("step rise ok:", biggest_model.step_rise_ok(r, info.n_params), "rise", biggest_model.step_rise(r))
+print("step rise ok:", biggest_model.step_rise_ok(rungs[0]), "rise", biggest_model.step_rise(r),
+      "limit", biggest_model.step_rise_limit(rungs[0]))
 est = biggest_model.rung_estimate(rungs[0], machine)
 print(json.dumps({"shape": shape, "method": method, "status": r.status, "message": r.message,
                   "losses": r.losses, "gpu": r.peak_gpu_allocated_bytes, "rss": r.peak_host_rss_bytes,

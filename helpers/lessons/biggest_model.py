@@ -217,10 +217,11 @@ def plot_largest(rungs: list[Rung]):
 #: The phases of a run's host RSS (helpers.runner.PhaseTrace, recorded by every run), as the table names them.
 RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
               ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step")]
-#: What the optimizer step may add to host RSS over forward and backward, per parameter, at most.
-#: DeepSpeed's own overflow check added 3 bytes (GPT-2 XL, +4.35 GiB); helpers.deepspeed_fixes
-#: checks in slices; other consumers of the step rose by 0.5 GiB or less (0.3 bytes/param at XL).
-STEP_RISE_BYTES_PER_PARAM = 1.5
+#: What the optimizer step may add to host RSS over forward and backward, at most: the estimator's
+#: step temporaries with the optimizer on NVMe (memory.STEP_SUB_GROUP_BYTES per element of the
+#: largest optimizer sub-group) with this margin. DeepSpeed's own overflow check would add 3 bytes
+#: per parameter on top (GPT-2 XL, +4.35 GiB); helpers.deepspeed_fixes checks in slices.
+STEP_RISE_MARGIN = 1.25
 STEP_RISE_FLOOR = 256 * 2**20  # small models: allocator noise, not a per-parameter cost
 
 
@@ -237,10 +238,24 @@ def step_rise(result: runner.RunResult) -> int | None:
     return peaks["optimizer step"] - peaks["forward and backward"]
 
 
-def step_rise_ok(result: runner.RunResult, n_params: int) -> bool:
-    """The optimizer step's transient stays under :data:`STEP_RISE_BYTES_PER_PARAM` (or the floor)."""
-    rise = step_rise(result)
-    return rise is not None and rise <= max(STEP_RISE_FLOOR, STEP_RISE_BYTES_PER_PARAM * n_params)
+def largest_sub_group(rung: Rung) -> int:
+    """Elements in the largest optimizer sub-group of the config a rung ran (DeepSpeed's grouping)."""
+    zero = rung.spec.ds_config.get("zero_optimization", {})
+    return memory.largest_sub_group_numel(memory.ModelInfo.for_shape(rung.shape),
+                                          int(zero.get("sub_group_size", 1e9)))
+
+
+def step_rise_limit(rung: Rung) -> int:
+    """The most an NVMe rung's optimizer step may add to host RSS: :data:`STEP_RISE_MARGIN` x the
+    estimator's step temporaries (or the floor, for small models' allocator noise)."""
+    step = memory.STEP_SUB_GROUP_BYTES * largest_sub_group(rung)
+    return int(max(STEP_RISE_FLOOR, STEP_RISE_MARGIN * step))
+
+
+def step_rise_ok(rung: Rung) -> bool:
+    """The optimizer step's rise over forward and backward stays within :func:`step_rise_limit`."""
+    rise = step_rise(rung.result)
+    return rise is not None and rise <= step_rise_limit(rung)
 
 
 def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
@@ -424,9 +439,11 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                 ("NVMe runs start from a normal loss (about ln of the vocabulary, not ~100)",
                  claims.every(starting_loss_ok(r.result, vocab(r)) for r in nvme_ok))]
         out += [claims.loss_falls_claim(f"{r.shape} {r.method}", r.result.losses) for r in nvme_ok]
-        out.append((f"the optimizer step adds at most {STEP_RISE_BYTES_PER_PARAM:g} bytes/param of host RAM"
-                    " over forward and backward (ZeRO-3 + NVMe; DeepSpeed's own overflow check added 3)",
-                    claims.every(step_rise_ok(r.result, r.n_params) for r in nvme_ok)))
+        out.append((f"the optimizer step adds at most {STEP_RISE_MARGIN:g} x "
+                    f"{memory.STEP_SUB_GROUP_BYTES} bytes per element of the largest optimizer "
+                    "sub-group to host RAM over forward and backward (ZeRO-3 + NVMe; DeepSpeed's own "
+                    "overflow check would add 3 bytes per parameter)",
+                    claims.every(step_rise_ok(r) for r in nvme_ok)))
     else:
         nvme_rows = [r for r in rungs if is_nvme(r.method)]
         out.append(("libaio is missing, so every ZeRO-3 + NVMe rung is reported as not run here, with"
@@ -486,7 +503,8 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
         lines.append(f"Host RAM at {top.shape} under {top.method}: {peaks.get('model built', 0) / GiB:.1f}"
                      f" GiB once built, {peaks.get('deepspeed.initialize', 0) / GiB:.1f} GiB after "
                      f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
-                     f"backward ({rise / top.n_params:.2f} bytes/param).")
+                     f"backward ({rise / largest_sub_group(top):.1f} bytes per element of its "
+                     f"largest optimizer sub-group, {largest_sub_group(top) / 1e6:,.1f}M).")
     stopped = [r for r in rungs if r.result.status not in (runner.OK, runner.NOT_TRIED)]
     if stopped:
         first = stopped[0]
