@@ -350,3 +350,19 @@ def test_the_table_verdict_names_the_place_that_binds_not_only_the_gpu():
     xl = next(r for r in ROWS if r["shape"] == "gpt2-1.5b" and "NVMe" in r["row"] and r["status"] == "ok")
     table = measurements.table([measurements.predict(xl)])
     assert table.rows[0][table.header.index("T4 verdict (GPU, host RAM)")] == memory.FITS
+
+
+def test_run_20s_modern_nvme_rungs_follow_the_largest_sub_group(monkeypatch):
+    """Notebook 06's modern NVMe rungs (run 20, fit rows): within 10% on the GPU and 5% on host RAM,
+    which only the step's 8 bytes per element of the largest sub-group (the embedding) explain."""
+    modern = [r for r in ROWS if r["id"].startswith("r20-") and "s3nvme" in r["id"]
+              and not r["shape"].startswith("gpt2")]
+    assert len(modern) == 4
+    for r in modern:
+        est = measurements.predict(r).estimate
+        assert claims.within(est.total("gpu"), r["peak_gpu_allocated_bytes"], 0.10), r["id"]
+        assert claims.within(est.total("cpu"), r["peak_host_rss_bytes"], 0.05), r["id"]
+    monkeypatch.setattr(memory, "STEP_SUB_GROUP_BYTES", 0)
+    qwen = next(r for r in modern if r["id"] == "r20-qwen2.5-0.5b-s3nvme")
+    assert not claims.within(measurements.predict(qwen).estimate.total("cpu"),
+                             qwen["peak_host_rss_bytes"], 0.05)
