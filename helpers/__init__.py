@@ -49,7 +49,7 @@ LAYERS: list[dict[str, str]] = [
     },
     {
         "env": "machine facts, T4 emulation, libaio, one-process distributed setup",
-        "launch": "train.py: lesson cells exported, started by deepspeed and accelerate launch",
+        "launch": "train.py: lesson cells exported, started by deepspeed, accelerate, torchrun",
     },
     {"memory": "the memory estimator (GPU, host RAM, NVMe); fits, tight or does not fit"},
     {"config_check": "every value DeepSpeed would reject or ignore, at its key, with the fix"},
@@ -71,6 +71,6 @@ LAYERS: list[dict[str, str]] = [
     },
     {
         "lessons.engine_and_accelerate": "07: one config trained three ways, compared",
-        "lessons.beyond_data_parallelism": "08: pipeline, MoE and AutoTP runs, their models",
+        "lessons.beyond_data_parallelism": "08: the lesson script's runs planned, read, checked",
     },
 ]

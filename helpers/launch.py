@@ -1,10 +1,11 @@
-"""train.py: a notebook's lesson cells as the script a launcher starts (notebooks 04 and 07).
+"""train.py: a notebook's lesson cells as the script a launcher starts (notebooks 04, 07, 08).
 
 Outside a notebook the lesson runs as a script under a launcher, one process per GPU (or per CPU
 rank). :func:`write_train_script` exports a notebook's parameters cell and its ``lesson`` cells, in
 order, with the values the notebook resolved (the offline model, the text, the precision, its
 folder) assigned after the parameters; :func:`launch_commands` starts it with the deepspeed launcher
-and with ``accelerate launch`` and an Accelerate YAML config (the notebook runs them with ``!``:
+and with ``accelerate launch`` and an Accelerate YAML config, :func:`torchrun_command` with
+``torchrun`` (the notebook runs them with ``!``:
 helpers start no training run but helpers.runner's); :func:`launched` reads what a run printed, and
 :func:`launch_claims` compares it with the notebook's own run by the lesson's rule.
 """
@@ -90,6 +91,34 @@ def launch_commands(script: Path, yaml_file: Path, num_processes: int,
                                          str(yaml_file), "--main_process_port", str(ports[1]),
                                          str(script)]),
     }
+
+
+def torchrun_command(script: Path, num_processes: int, port: int) -> str:
+    """``torchrun`` starting ``script`` in ``num_processes`` processes on this machine, as you would
+    type it (what ``deepspeed --num_gpus N script`` does): one per GPU, or CPU ranks over gloo."""
+    return shlex.join([command_path("torchrun"), "--nproc-per-node", str(num_processes),
+                       "--master-port", str(port), str(script)])
+
+
+def parameter_values(notebook: Path, namespace: Mapping[str, object]) -> dict[str, object]:
+    """Each name the parameters cell of ``notebook`` assigns, with its value in ``namespace`` (a
+    kernel's globals), where that value is a literal (numbers, strings, None, tuples and lists of
+    them): what the notebook runs with, to write after the parameters cell of its script."""
+    import ast
+
+    params = tagged_cells(notebook, "parameters")
+    names = [target.id for cell in params for node in ast.parse(cell).body
+             if isinstance(node, ast.Assign) for t in node.targets for target in ast.walk(t)
+             if isinstance(target, ast.Name)]
+    out = {}
+    for name in dict.fromkeys(names):
+        if name in namespace:
+            try:
+                if ast.literal_eval(repr(namespace[name])) == namespace[name]:
+                    out[name] = namespace[name]
+            except (ValueError, SyntaxError):
+                pass
+    return out
 
 
 def command_path(name: str) -> str:

@@ -23,7 +23,7 @@ USED_ELSEWHERE = [
     "LAYERS",  # helpers/__init__.py: read by tests/test_layers.py
     "write_hub_cache",  # helpers.models: the Hub-name path offline (tests/test_lesson_scripts.py)
     "save_offline_model",  # helpers.models: called in a fresh process (_save_in_a_subprocess)
-    "train_rank", "run_rank",  # entry points a run's ranks start at, named as strings (helpers.runner)
+    "train_rank",  # the entry point a run's ranks start at, named as a string (helpers.runner)
 ]
 
 

@@ -1,12 +1,13 @@
 """Notebook 08's checks (helpers.lessons.beyond_data_parallelism) fed good runs and bad ones: each claim holds on a good
 run and fails on the bad run it is there to catch (memory not split, losses disagreeing, no
 per-rank data, DeepSpeed accepting a combination it refuses today). Runs are built by hand here;
-the notebook's nbval run exercises the subprocesses themselves."""
+tests/test_notebook08_script.py launches the lesson script itself."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+import json
+from pathlib import Path
 
 import pytest
 
@@ -138,11 +139,11 @@ def test_on_one_gpu_the_two_rank_runs_are_explained_and_the_checks_hold():
     one = machine(1)
     two_ranks, why = beyond_data_parallelism.two_rank_note(one)
     assert not two_ranks and "Kaggle" in why
-    base = beyond_data_parallelism.ParallelSpec(kind="dense")
     solo = rank(0, n_params=1000, peak_gpu_allocated_bytes=GiB)
     runs = {beyond_data_parallelism.BASE: run(beyond_data_parallelism.BASE, [solo])}
     for label in (beyond_data_parallelism.DP, beyond_data_parallelism.PIPE, beyond_data_parallelism.PIPE_1):
-        runs[label] = beyond_data_parallelism.not_here(replace(base, label=label, world_size=2), why)
+        runs[label] = beyond_data_parallelism.not_here(
+            beyond_data_parallelism.Launch(label, "pipeline", "dense", 2, why=why))
     assert failed(beyond_data_parallelism.pipeline_checks(runs, one)) == []
     assert runner.explained(runs[beyond_data_parallelism.PIPE]) and runs[beyond_data_parallelism.PIPE].message == why
     assert beyond_data_parallelism.two_rank_note(machine(0))[0] and beyond_data_parallelism.two_rank_note(machine(2))[0]
@@ -255,57 +256,91 @@ def test_a_refusal_run_with_no_answer_fails():
     assert "the refusal run came back" in bad and len(bad) == 1 + len(beyond_data_parallelism.REFUSALS)
 
 
-# ---- the runner's input and output ---------------------------------------------------------------
+# ---- the plan, and what a launched run left ------------------------------------------------------
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"kind": "tensor"}, "kind 'tensor' is not one of"),
-    ({"world_size": 3, "stages": 2}, "not a multiple of stages"),
-    ({"world_size": 2, "micro_batches": 3}, "do not split evenly"),
-    ({"kind": "moe", "experts": 3, "ep_size": 2, "world_size": 2, "micro_batches": 2},
-     "do not split over ep_size=2"),
-    ({"steps": 0}, "at least 1"),
-])
-def test_a_bad_spec_is_refused_in_one_line_before_any_process_starts(change, words):
-    spec = replace(beyond_data_parallelism.ParallelSpec(kind="dense", label="bad"), **change)
-    with pytest.raises(ValueError) as caught:
-        beyond_data_parallelism.measure(spec)
-    assert words in str(caught.value) and "\n" not in str(caught.value)
+def test_the_plan_writes_one_script_per_run_and_starts_2_process_runs_only_where_they_can_go(tmp_path):
+    values = {"LAYERS": 2, "MICRO_BATCH": 2, "MICRO_BATCHES": 4, "SEQ_LEN": 64, "TEXT_FILE": "/t"}
+    cpu = beyond_data_parallelism.plan(values, machine(0), tmp_path / "cpu")
+    assert [r.label for r in cpu] == [row[0] for row in beyond_data_parallelism.RUNS]
+    assert all(r.command and "--nproc-per-node" in r.command for r in cpu)
+    pipe_1 = next(r for r in cpu if r.label == beyond_data_parallelism.PIPE_1)
+    script = (Path(pipe_1.folder) / "train.py").read_text()
+    assert "LAYOUT = 'pipeline'" in script and "MICRO_BATCHES = 1" in script
+    assert script.index("MICRO_BATCHES = 1") > script.index("MICRO_BATCHES = 4")  # after the cell's
+    assert f"WORK_DIR = {pipe_1.folder!r}" in script and "def train(layout" in script
+    assert pipe_1.tokens_per_step() == 2 * 1 * 64
+    one_gpu = beyond_data_parallelism.plan(values, machine(1), tmp_path / "gpu")
+    assert all((r.command is None) == (r.world_size == 2) for r in one_gpu)
+    assert all("Kaggle" in r.why for r in one_gpu if r.command is None)
 
 
-def test_merge_needs_every_rank_and_every_rank_ok():
-    spec = beyond_data_parallelism.ParallelSpec(kind="pipeline", world_size=2, stages=2)
-    missing = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR), [rank(0)], spec)
+def test_the_first_error_is_the_ranks_not_the_launchers():
+    log = ("noise\n[rank0]: Traceback (most recent call last):\n"
+           "[rank0]: AssertionError: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\n"
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert beyond_data_parallelism.first_error(log) == (
+        "AssertionError: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
+    assert beyond_data_parallelism.first_error("all went well\n") == ""
+
+
+def _launched(tmp_path, ranks: list[dict], returncode: int = 0, log: str = "",
+              world_size: int = 2) -> runner.RunResult:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for r in ranks:
+        (folder / f"rank{r['rank']}.json").write_text(json.dumps(r))
+    (folder / "log.txt").write_text(log)
+    values = {"MICRO_BATCH": 2, "MICRO_BATCHES": 4, "SEQ_LEN": 64}
+    return beyond_data_parallelism.result(beyond_data_parallelism.Launch(
+        "p", "pipeline", "pipeline", world_size, values, str(folder), "torchrun ...", "",
+        returncode))
+
+
+def test_a_launched_run_needs_every_rank_and_exit_code_0(tmp_path):
+    good = _launched(tmp_path, [rank(0), rank(1)])
+    assert good.status == runner.OK and good.median_step_s == 1.0 and good.tokens_per_s == 512
+
+
+def test_a_launched_run_with_a_missing_rank_fails(tmp_path):
+    missing = _launched(tmp_path, [rank(0)], returncode=1)
     assert missing.status == runner.ERROR and "1 of 2 ranks reported" in missing.message
-    broken = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR),
-                            [rank(0), {"rank": 1, "status": runner.ERROR, "message": "boom"}], spec)
-    assert broken.status == runner.ERROR and broken.message == "boom"
-    good = beyond_data_parallelism.merge(runner.RunResult("p", runner.ERROR), [rank(0), rank(1)], spec)
-    assert good.status == runner.OK and good.median_step_s == 1.0
-    assert good.tokens_per_s == beyond_data_parallelism.global_tokens(spec)
 
 
-def test_a_worker_error_comes_back_as_one_explained_line():
-    """A real subprocess: an unknown model shape fails inside the worker, and the result says so."""
-    spec = beyond_data_parallelism.ParallelSpec(kind="autotp", label="bad shape", tp_shape="no-such-shape",
-                                 steps=1)
-    result = beyond_data_parallelism.measure(spec)
-    assert result.status == runner.ERROR and "unknown model shape 'no-such-shape'" in result.message
-    assert not runner.explained(result) and "\n" not in result.message
+def test_a_launched_run_that_raised_says_what_in_one_line(tmp_path):
+    broken = _launched(tmp_path, [], returncode=1,
+                       log="Traceback\nValueError: LAYOUT 'tensor': choose dense, pipeline,\n")
+    assert broken.status == runner.ERROR and broken.message.startswith("ValueError: LAYOUT")
+    assert not runner.explained(broken) and "\n" not in broken.message
+
+
+def test_a_refusal_is_a_run_that_failed_with_deepspeeds_words(tmp_path):
+    runs = []
+    for i, (name, (words, _)) in enumerate(beyond_data_parallelism.REFUSALS.items()):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "log.txt").write_text(f"[rank0]: AssertionError: {words}\n")
+        runs.append(beyond_data_parallelism.Launch(name, "refusals", "", 1, folder=str(folder),
+                                                   command="torchrun ...", returncode=1))
+    assert failed(beyond_data_parallelism.refusal_checks(
+        beyond_data_parallelism.refusals_result(runs))) == []
+    runs[0].returncode = 0  # DeepSpeed accepted it
+    bad = failed(beyond_data_parallelism.refusal_checks(beyond_data_parallelism.refusals_result(runs)))
+    assert any(s.startswith(runs[0].label) for s in bad), bad
 
 
 # ---- what the notebook shows, on a CPU, 1 GPU and 2 GPUs -----------------------------------------
 
 
 def _one_gpu_sections(why: str) -> tuple[dict, dict, dict]:
-    base = beyond_data_parallelism.ParallelSpec(kind="dense")
     pipe = {beyond_data_parallelism.BASE: pipeline_good(True)[beyond_data_parallelism.BASE]}
     moe = {beyond_data_parallelism.MOE_1: moe_good(True)[beyond_data_parallelism.MOE_1]}
     tp = {beyond_data_parallelism.TP_1: tp_good(True)[beyond_data_parallelism.TP_1]}
     for section, labels in ((pipe, (beyond_data_parallelism.DP, beyond_data_parallelism.PIPE, beyond_data_parallelism.PIPE_1)),
                             (moe, (beyond_data_parallelism.MOE_2,)), (tp, (beyond_data_parallelism.TP_2,))):
         for label in labels:
-            section[label] = beyond_data_parallelism.not_here(replace(base, label=label, world_size=2), why)
+            section[label] = beyond_data_parallelism.not_here(
+                beyond_data_parallelism.Launch(label, "", "", 2, why=why))
     return pipe, moe, tp
 
 
@@ -344,60 +379,3 @@ def test_tables_figures_takeaways_and_summary_render(gpus):
 
 def pipeline_moe_tp_cpu() -> tuple[dict, dict, dict]:
     return pipeline_good(), moe_good(), tp_good()
-
-
-# ---- the training step notebook 08 shows, on a stand-in engine --------------------------
-
-
-class FakeMoEEngine:
-    """What train_step needs of a DeepSpeed engine: a device, a forward returning (loss, aux,
-    counts) as MoEGPT does, backward and step (recorded)."""
-
-    def __init__(self):
-        import torch
-
-        self.device = torch.device("cpu")
-        self.calls = []
-
-    def __call__(self, ids):
-        import torch
-
-        n = int(ids.sum())
-        return torch.tensor(float(n)), torch.tensor(1.0), [[n, 1], [2, n]]
-
-    def backward(self, loss):
-        self.calls.append(("backward", float(loss)))
-
-    def step(self):
-        self.calls.append(("step",))
-
-
-def test_train_step_adds_expert_counts_per_expert_and_weights_the_aux_loss():
-    import torch
-
-    engine = FakeMoEEngine()
-    out = beyond_data_parallelism.train_step(engine, [torch.tensor([1, 2]), torch.tensor([3, 4])],
-                                     aux_coef=0.5)
-    assert out["counts"] == [[3 + 7, 2], [4, 3 + 7]]  # summed per expert, not concatenated
-    assert out["loss"] == 5.0 and out["aux"] == 1.0
-    assert engine.calls == [("backward", 3.5), ("step",), ("backward", 7.5), ("step",)]
-
-
-def test_autotp_takes_every_zero_stage_as_deepspeed_0_19_8_does():
-    """Notebook 08 states AutoTP's ZeRO stages as DeepSpeed 0.19.8 enforces them: it refuses none,
-    and its engine supports ZeRO-3 beside AutoTP for training. Measured here: two CPU ranks with
-    autotp_size=2 at ZeRO-3 train with the 1-rank ZeRO-3 run's losses (issue 27)."""
-    from dataclasses import replace
-
-    from helpers import runner
-
-    tensor = next(row for row in beyond_data_parallelism.DIMENSIONS if row[0] == "tensor")
-    assert tensor[3].startswith("0, 1, 2, 3")
-    base = beyond_data_parallelism.ParallelSpec(kind="autotp", steps=4, tp_shape="llama-tiny", stage=3,
-                                                force_cpu=True)
-    one = beyond_data_parallelism.measure(replace(base, label="1 rank, ZeRO-3"))
-    two = beyond_data_parallelism.measure(replace(base, label="AutoTP 2, ZeRO-3", world_size=2,
-                                                  tensor_parallel=2))
-    assert one.status == two.status == runner.OK, (one.message, two.message)
-    assert len(two.losses) == len(one.losses) == 4
-    assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one.losses, two.losses)), (one.losses, two.losses)

@@ -83,14 +83,14 @@ def test_warmup_lr_starting_at_zero_wastes_two_steps():
 
 def test_every_warmup_the_kit_writes_learns_from_the_first_step(tmp_path):
     from helpers import config
-    from helpers.lessons import beyond_data_parallelism
 
     ns = lesson_namespace("07_engine_and_accelerate", "ds_config = {", WORK_DIR=str(tmp_path),
                           PRECISION="fp32")
+    ns08 = lesson_namespace("08_beyond_data_parallelism", "def ds_config(", PRECISION="fp32")
     schedulers = {
         "notebook 07's ds_config": ns["ds_config"]["scheduler"],
-        "notebook 08's engine_config": beyond_data_parallelism.engine_config(
-            4, 1, 1, "fp32", 1e-3, 4)["scheduler"],
+        **{f"notebook 08's ds_config ({layout})": ns08["ds_config"](layout, 2)["scheduler"]
+           for layout in ("dense", "pipeline", "moe", "autotp")},
         "helpers.config.build": config.build(stage=2, micro_batch=4, trainer=False,
                                              warmup_steps=4)["scheduler"],
     }

@@ -103,3 +103,20 @@ def test_the_launchers_are_found_beside_python_or_on_path(monkeypatch, tmp_path)
     assert launch.command_path("accelerate") == "/usr/local/bin/accelerate"
     monkeypatch.setattr(launch.shutil, "which", lambda name: None)
     assert launch.command_path("accelerate") == "accelerate"
+
+
+def test_parameter_values_are_the_parameters_cells_names_with_a_kernels_literal_values():
+    """What notebook 08 writes after its parameters cell: the names that cell assigns, with the
+    kernel's values; a value that is no literal (an object) is left to the cell."""
+    from helpers.lessons import beyond_data_parallelism as notebook_08
+
+    kernel = {"LAYERS": 3, "SMOKE": True, "WORK_DIR": "/w", "EMULATE": None, "torch": object(),
+              "TP_MODEL": object(), "SEQ_LEN": (64,), "not_a_parameter": 1}
+    assert launch.parameter_values(notebook_08.NOTEBOOK, kernel) == {
+        "LAYERS": 3, "SMOKE": True, "WORK_DIR": "/w", "EMULATE": None, "SEQ_LEN": (64,)}
+
+
+def test_the_torchrun_command_starts_the_script_in_n_processes(tmp_path):
+    command = launch.torchrun_command(tmp_path / "train.py", 2, 29511)
+    assert "torchrun --nproc-per-node 2 --master-port 29511 " in command
+    assert command.endswith(f"{tmp_path}/train.py")

@@ -1,26 +1,28 @@
 """Notebook 08, beyond data parallelism: pipeline parallelism, mixture of experts and tensor
-parallelism (AutoTP) on 2 GPUs (2 gloo CPU ranks without a GPU), each run in a fresh subprocess
-(``torchrun`` for 2 ranks) that returns one JSON file per rank; the refusals DeepSpeed makes
-(ZeRO-2/3 with a pipeline, ZeRO-3 with native MoE) caught and explained; checks that fail on a
-bad run. The model code the runs execute is its last section, shown in the notebook.
+parallelism (AutoTP) on 2 GPUs (2 gloo CPU ranks without a GPU). The training code is the
+notebook's ``lesson`` cells; here, the runs it is launched for (:func:`plan`: one folder per run
+holding the lesson cells as ``train.py``, the values injected after the parameters cell, and the
+``torchrun`` command that starts it), what each run's processes wrote (:func:`collect`: one JSON
+file per rank, the log for errors), the refusals DeepSpeed makes (ZeRO-2/3 with a pipeline, ZeRO-3
+with native MoE) read from the runs that tried them, and checks that fail on a bad run.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import time
-from dataclasses import asdict, dataclass, replace
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-import torch
-from torch import nn
-
-from helpers import claims, runner, show
+from helpers import claims, launch, runner, show
 from helpers import env as kit_env
 from helpers.show import Table
 from helpers.lessons import stages_and_offload
 
-KINDS = ("dense", "pipeline", "moe", "autotp", "refusals")
+#: The notebook whose lesson cells every run executes.
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "08_beyond_data_parallelism.ipynb"
 
 # Labels of the runs (every table, check and takeaway finds a run by its label).
 BASE, DP, PIPE, PIPE_1 = ("1 rank, ZeRO-1", "data parallel, 2 ranks, ZeRO-1", "pipeline, 2 stages",
@@ -46,374 +48,161 @@ REFUSALS: dict[str, tuple[str, str]] = {
         "expert parameters in their own optimizer groups, or DeepSpeed's AutoEP (stage 3 OK)."),
 }
 
+#: Every run of the notebook: (label, section, the script's LAYOUT, processes, other values
+#: injected). The refusals are the lesson's own layouts at a ZeRO stage DeepSpeed refuses; the
+#: pipeline with one micro-batch per step shows the bubble at its largest.
+RUNS: list[tuple[str, str, str, int, dict]] = [
+    ("pipeline + ZeRO-2", "refusals", "pipeline", 1, {"ZERO_STAGE": 2}),
+    ("pipeline + ZeRO-3", "refusals", "pipeline", 1, {"ZERO_STAGE": 3}),
+    ("MoE + ZeRO-3", "refusals", "moe", 1, {"ZERO_STAGE": 3}),
+    (BASE, "pipeline", "dense", 1, {}),
+    (DP, "pipeline", "dense", 2, {}),
+    (PIPE, "pipeline", "pipeline", 2, {}),
+    (PIPE_1, "pipeline", "pipeline", 2, {"MICRO_BATCHES": 1}),
+    (MOE_1, "moe", "moe", 1, {}),
+    (MOE_2, "moe", "moe", 2, {}),
+    (TP_1, "autotp", "autotp", 1, {}),
+    (TP_2, "autotp", "autotp", 2, {}),
+]
+
 
 @dataclass
-class ParallelSpec:
-    """One run of notebook 08: what kind, on how many ranks, with which model and batches."""
+class Launch:
+    """One run of the lesson script: what it trains on how many processes, its folder (train.py,
+    log.txt, rank<N>.json), the command that starts it (None: not here, ``why`` says why), and,
+    once it ran, its exit code."""
 
-    kind: str
-    label: str = ""
-    world_size: int = 1
-    stage: int = 1  # ZeRO stage
-    stages: int = 1  # pipeline stages ("pipeline")
-    tensor_parallel: int = 1  # AutoTP size ("autotp")
-    layers: int = 4
-    width: int = 64
-    heads: int = 2
-    vocab: int = 257
-    seq_len: int = 64
-    micro_batch: int = 2
-    micro_batches: int = 4  # per optimizer step, whole job: the same global batch in every layout
-    steps: int = 4
-    experts: int = 4  # "moe"
-    ep_size: int = 1  # "moe": ranks the experts are spread over
-    aux_coef: float = 0.01  # "moe": weight of the load-balancing loss
-    tp_shape: str = "llama-tiny"  # "autotp": a Llama shape of helpers.models
-    precision: str = "fp32"
-    lr: float = 3e-3
-    warmup: int = 2
-    seed: int = 0
-    timeout_s: int = 900
-    force_cpu: bool = False
+    label: str
+    section: str
+    layout: str
+    world_size: int
+    values: dict = field(default_factory=dict)
+    folder: str = ""
+    command: str | None = None
+    why: str = ""
+    returncode: int | None = None
 
-    def data_parallel(self) -> int:
-        """How many copies of the model the ranks hold (the rest of the ranks split one copy)."""
-        return self.world_size // (self.stages * self.tensor_parallel)
+    @property
+    def log(self) -> str:
+        """Where the notebook sends the run's output."""
+        return os.path.join(self.folder, "log.txt")
 
-    def problems(self) -> list[str]:
-        """What is wrong with the spec, one sentence each (empty: it can run)."""
-        out = []
-        if self.kind not in KINDS:
-            out.append(f"kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.world_size < 1 or self.world_size % (self.stages * self.tensor_parallel):
-            out.append(f"world size {self.world_size} is not a multiple of stages x tensor "
-                       f"parallel ({self.stages} x {self.tensor_parallel})")
-        elif self.micro_batches % max(1, self.data_parallel()):
-            out.append(f"{self.micro_batches} micro-batches do not split evenly over "
-                       f"{self.data_parallel()} data-parallel ranks")
-        if self.kind == "moe" and (self.ep_size < 1 or self.experts % self.ep_size):
-            out.append(f"{self.experts} experts do not split over ep_size={self.ep_size}")
-        if self.steps < 1 or self.micro_batches < 1 or self.micro_batch < 1:
-            out.append("steps, micro_batches and micro_batch must be at least 1")
-        return out
+    def tokens_per_step(self) -> int:
+        """Tokens in one optimizer step of the whole job (every layout takes the same)."""
+        v = self.values
+        return v.get("MICRO_BATCH", 0) * v.get("MICRO_BATCHES", 0) * v.get("SEQ_LEN", 0)
 
 
-def global_tokens(spec: ParallelSpec) -> int:
-    """Tokens in one optimizer step of the whole job."""
-    return spec.micro_batch * spec.micro_batches * spec.seq_len
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
-# ---- the worker (one rank, inside the subprocess) ------------------------------------------------
+def plan(values: dict, environment: kit_env.Environment, work_dir: str | os.PathLike,
+         runs: list[tuple[str, str, str, int, dict]] | None = None,
+         notebook: Path = NOTEBOOK) -> list[Launch]:
+    """Every run of ``runs`` (default :data:`RUNS`): its folder under ``work_dir`` with
+    ``train.py`` (the parameters cell, ``values`` and the run's own after it, the lesson cells)
+    and its ``torchrun`` command; a 2-process run on one GPU gets no command, and the reason."""
+    runs = RUNS if runs is None else runs
+    two, why = two_rank_note(environment)
+    ports = launch.free_ports(len(runs))
+    out = []
+    for (label, section, layout, world, extra), port in zip(runs, ports):
+        folder = Path(work_dir) / _slug(label)
+        run_values = {**values, "LAYOUT": layout, **extra, "WORK_DIR": str(folder)}
+        script = launch.write_train_script(folder, run_values, notebook)
+        runnable = world == 1 or two
+        out.append(Launch(label, section, layout, world, run_values, str(folder),
+                          launch.torchrun_command(script, world, port) if runnable else None,
+                          "" if runnable else why))
+    return out
 
 
-def _shape(spec: ParallelSpec):
-    return GPTShape(spec.layers, spec.width, spec.heads, spec.vocab, spec.seq_len)
+_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_]\w*(?:Error|Exception): .*)$", re.M)
 
 
-def _start(spec: ParallelSpec) -> bool:
-    """Device, T4 emulation, process group (an in-process store for one rank); True on a GPU."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        kit_env.emulate()  # KIT_EMULATE, as the parent set it: the same GPU cap here
-    else:  # one thread per rank, as torchrun gives each CPU rank: 1 and 2 ranks compare fairly
-        torch.set_num_threads(1)
-    kit_env.setup_single_process_dist()
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        import torch.distributed as torch_dist
-
-        torch_dist.init_process_group("nccl" if cuda else "gloo", store=torch_dist.HashStore(),
-                                      rank=0, world_size=1)
-    import deepspeed
-
-    from helpers import deepspeed_fixes
-
-    deepspeed_fixes.apply_all()
-    deepspeed.init_distributed()  # a PipelineModule needs the group before deepspeed.initialize
-    return cuda
+def first_error(log: str) -> str:
+    """The first exception a rank raised (``SomeError: words``, torchrun's ``[rankN]:`` prefix
+    dropped), or ""; the launcher's own summary that follows it is not one."""
+    found = _ERROR.search(log)
+    return " ".join(found.group(1).split())[:300] if found else ""
 
 
-def _all_micro_batches(spec: ParallelSpec) -> list:
-    """Every micro-batch of the run, step after step: the same tokens for every layout."""
-    from helpers import data, models
-
-    n = spec.steps * spec.micro_batches
-    corpus = data.offline_corpus(max(50_000, spec.seq_len * spec.micro_batch * (n + 2) * 2),
-                                 seed=spec.seed)
-    return data.batches(corpus, models.ByteTokenizer(), spec.seq_len, spec.micro_batch, n,
-                        seed=spec.seed)
+def _ranks(run: Launch) -> list[dict]:
+    return sorted((json.loads(p.read_text()) for p in Path(run.folder).glob("rank*.json")),
+                  key=lambda r: r.get("rank", 0))
 
 
-def _mine(spec: ParallelSpec, everything: list, step: int, dp_rank: int) -> list:
-    """This data-parallel rank's share of one step's micro-batches."""
-    m = spec.micro_batches
-    share = m // spec.data_parallel()
-    return everything[step * m:(step + 1) * m][dp_rank * share:(dp_rank + 1) * share]
+def _log(run: Launch) -> str:
+    return Path(run.log).read_text(errors="replace") if Path(run.log).exists() else ""
 
 
-def _mean_over_ranks(value: float, device) -> float:
-    import torch
-    import torch.distributed as torch_dist
-
-    t = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32,
-                     device=device)
-    torch_dist.all_reduce(t)
-    return float(t.item()) / torch_dist.get_world_size()
-
-
-def _held(engine, result: dict) -> None:
-    result.update({k: v for k, v in runner.held_bytes(engine).items() if k != "grads_bytes"})
-    result["n_params"] = sum(p.numel() for p in engine.module.parameters())
-
-
-def _timed_pipeline(engine, busy: list[float], cuda: bool) -> None:
-    """Time the forward and backward instructions of the pipeline schedule on this stage: the
-    rest of a step is waiting (the bubble), sending activations and the optimizer step."""
-    import torch
-    from deepspeed.runtime.pipe import schedule
-
-    def timed(fn):
-        def run(self, *args, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = fn(self, *args, **kwargs)
-            if cuda:
-                torch.cuda.synchronize()
-            busy[-1] += time.perf_counter() - start
-            return out
-        return run
-
-    table = dict(engine._INSTRUCTION_MAP)
-    for kind in (schedule.ForwardPass, schedule.BackwardPass):
-        table[kind] = timed(table[kind])
-    engine._INSTRUCTION_MAP = table  # the instance's map shadows the class's
+def result(run: Launch) -> runner.RunResult:
+    """What one launched run left, as a :class:`helpers.runner.RunResult`: not here (no command),
+    or every rank's JSON merged (:func:`merge`), with the error from its log when it failed."""
+    if run.command is None:
+        return not_here(run)
+    done = merge(runner.RunResult(run.label, runner.ERROR, world_size=run.world_size), _ranks(run),
+                 run.world_size, run.tokens_per_step())
+    if run.returncode not in (0, None) or done.status != runner.OK:
+        done.status = runner.ERROR
+        done.message = (first_error(_log(run)) or done.message
+                        or f"exit code {run.returncode}")
+    runner.report({"shape": run.layout, **asdict(done)})
+    return done
 
 
-def _train(spec: ParallelSpec, result: dict) -> None:
-    """dense, pipeline, moe and autotp: build, ``deepspeed.initialize``, train, measure."""
-    import deepspeed
-    import torch
-
-    cuda = _start(spec)
-    rank = int(os.environ.get("RANK", "0"))
-    shape = _shape(spec)
-    dp = spec.data_parallel()
-    config = engine_config(spec.micro_batch, spec.micro_batches // dp, spec.stage,
-                              spec.precision, spec.lr, spec.warmup, spec.tensor_parallel,
-                              optimizer=spec.kind != "moe")
-    busy: list[float] = []
-    if spec.kind == "pipeline":
-        model = pipeline_model(shape, spec.stages, spec.seed)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=config)
-        result["stage_id"], result["layers"] = engine.stage_id, [
-            type(layer).__name__ for layer in model.forward_funcs]
-        _timed_pipeline(engine, busy, cuda)
-        dp_rank = 0
-    elif spec.kind == "moe":
-        torch.manual_seed(spec.seed)
-        model = MoEGPT(shape, spec.experts, spec.ep_size)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=moe_optimizer(model, spec.lr),
-                                          config=config)
-        dp_rank = rank
-        _moe_facts(spec, model, result)
-    elif spec.kind == "autotp":
-        from helpers import models
-
-        model = models.build_model(models.model_config(spec.tp_shape, spec.vocab,
-                                                       max(1024, spec.seq_len)), seed=spec.seed)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=config)
-        dp_rank = 0  # every rank of a tensor-parallel group sees the same batch
-    else:
-        model = dense_model(shape, spec.seed)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=config)
-        dp_rank = rank
-    everything = _all_micro_batches(spec)
-    losses, aux, times, counts, tokens = [], [], [], None, 0
-    for step in range(spec.steps):
-        mine = [ids.to(engine.device) for ids in _mine(spec, everything, step, dp_rank)]
-        busy.append(0.0)
-        start = time.perf_counter()
-        if spec.kind == "pipeline":
-            loss = train_pipeline_step(engine, mine)  # already the mean of every micro-batch
-        else:
-            out = train_step(engine, mine, spec.aux_coef, hugging_face=spec.kind == "autotp")
-            loss = _mean_over_ranks(out["loss"], engine.device)
-            if out["aux"] is not None:
-                aux.append(_mean_over_ranks(out["aux"], engine.device))
-                counts = out["counts"] if counts is None else [
-                    [a + b for a, b in zip(x, y)] for x, y in zip(counts, out["counts"])]
-        tokens += sum(ids.numel() for ids in mine)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        losses.append(loss)
-        if step == 0:
-            _held(engine, result)
-    result.update(losses=losses, step_times_s=times, steps_done=len(losses),
-                  micro_batches=spec.micro_batches)
-    if busy and spec.kind == "pipeline":
-        result["busy_s"] = busy
-    if aux:
-        result.update(aux_losses=aux, expert_counts=counts, tokens=tokens)
-    if cuda:
-        result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
+def refusals_result(runs: list[Launch]) -> runner.RunResult:
+    """The refusal runs as one result: per combination, whether the script failed, and the error
+    DeepSpeed raised (read from its log)."""
+    found = [{"combination": r.label, "refused": r.returncode not in (0, None),
+              "error": first_error(_log(r))} for r in runs if r.returncode is not None]
+    status = runner.OK if found and len(found) == len(runs) else runner.ERROR
+    return runner.RunResult("refusals", status, "" if status == runner.OK else "not run",
+                            ranks=[{"rank": 0, "refusals": found}] if found else [])
 
 
-def _moe_facts(spec: ParallelSpec, model, result: dict) -> None:
-    """Which experts this rank holds, and its expert and dense parameter counts."""
-    import torch.distributed as torch_dist
-    from deepspeed.moe.utils import is_moe_param
-
-    local = spec.experts // spec.ep_size
-    first = (torch_dist.get_rank() % spec.ep_size) * local
-    result["experts_held"] = list(range(first, first + local))
-    result["expert_params"] = sum(p.numel() for p in model.parameters() if is_moe_param(p))
-    result["dense_params"] = sum(p.numel() for p in model.parameters() if not is_moe_param(p))
+def collect(runs: list[Launch]) -> tuple[runner.RunResult, dict, dict, dict]:
+    """(the refusals, the pipeline section's runs, MoE's, AutoTP's), each run by its label."""
+    sections: dict[str, dict] = {"pipeline": {}, "moe": {}, "autotp": {}}
+    for run in runs:
+        if run.section in sections:
+            sections[run.section][run.label] = result(run)
+    return (refusals_result([r for r in runs if r.section == "refusals"]), sections["pipeline"],
+            sections["moe"], sections["autotp"])
 
 
-def _refusals(spec: ParallelSpec, result: dict) -> None:
-    """Try each combination of :data:`REFUSALS` in one process; record what DeepSpeed said."""
-    import deepspeed
-    import torch
-
-    _start(spec)
-    shape = GPTShape(1, 64, 2, spec.vocab, spec.seq_len)  # the refusal comes before any step
-    found = []
-    for name in REFUSALS:
-        stage = 2 if "ZeRO-2" in name else 3
-        config = engine_config(spec.micro_batch, 1, stage, spec.precision, spec.lr, spec.warmup,
-                                  optimizer=not name.startswith("MoE"))
-        try:
-            if name.startswith("pipeline"):
-                model = pipeline_model(shape, stages=1, seed=spec.seed)
-                deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                     config=config)
-            else:
-                torch.manual_seed(spec.seed)
-                model = MoEGPT(shape, spec.experts, ep_size=1)
-                deepspeed.initialize(model=model, optimizer=moe_optimizer(model, spec.lr),
-                                     config=config)
-            found.append({"combination": name, "refused": False, "error": ""})
-        except Exception as err:  # the refusal we came for (or another error: the check says)
-            text = " ".join(str(err).split())
-            found.append({"combination": name, "refused": True,
-                          "error": f"{type(err).__name__}: {text}"[:300]})
-    result["refusals"] = found
-
-
-#: The entry point each rank of a notebook 08 run starts at (helpers.runner runs it).
-RANK_ENTRY = "helpers.lessons.beyond_data_parallelism:run_rank"
-
-
-def run_rank(payload: dict, result: dict) -> None:
-    """One rank of one run, inside its subprocess: the refusals, or a run to train and measure."""
-    spec = ParallelSpec(**payload)
-    (_refusals if spec.kind == "refusals" else _train)(spec, result)
-
-
-# ---- the parent ----------------------------------------------------------------------------------
-
-
-def not_here(spec: ParallelSpec, why: str) -> runner.RunResult:
+def not_here(run: Launch) -> runner.RunResult:
     """A run that was not started, and why (one GPU: nothing to split across)."""
-    return runner.RunResult(spec.label, runner.NOT_HERE, why, world_size=spec.world_size)
+    return runner.RunResult(run.label, runner.NOT_HERE, run.why, world_size=run.world_size)
 
 
-def measure(spec: ParallelSpec) -> runner.RunResult:
-    """Run ``spec`` in a fresh subprocess (``torchrun`` for 2 ranks, through helpers.runner);
-    every rank's JSON comes back in ``ranks``. A spec that cannot run is refused in one line
-    (ValueError)."""
-    bad = spec.problems()
-    if bad:
-        raise ValueError(f"{spec.label or spec.kind}: " + "; ".join(bad))
-    result = runner.run_ranks(asdict(spec), RANK_ENTRY, spec.world_size, spec.label or spec.kind,
-                              timeout_s=spec.timeout_s, force_cpu=spec.force_cpu,
-                              merge=lambda result, ranks: merge(result, ranks, spec),
-                              work_prefix="kit_parallel_")
-    runner.report({"shape": spec.kind, **asdict(result)})
-    return result
-
-
-def merge(result: runner.RunResult, ranks: list[dict], spec: ParallelSpec) -> runner.RunResult:
-    """Fill a result from the ranks' JSON: status (every rank ok), rank 0's losses and step
+def merge(result: runner.RunResult, ranks: list[dict], world_size: int,
+          tokens_per_step: int) -> runner.RunResult:
+    """Fill a result from the ranks' JSON: ok when every rank wrote one; rank 0's losses and step
     times (losses are already the mean over ranks), tokens/s, the largest GPU peak, all ranks."""
-    bad = [r for r in ranks if r.get("status") != runner.OK]
-    result.status = (runner.OK if not bad and len(ranks) == spec.world_size
-                     else bad[0]["status"] if bad else runner.ERROR)
-    result.message = bad[0].get("message", "") if bad else (
-        "" if len(ranks) == spec.world_size
-        else f"{len(ranks)} of {spec.world_size} ranks reported")
-    first = ranks[0]
+    result.status = runner.OK if ranks and len(ranks) == world_size else runner.ERROR
+    result.message = "" if result.status == runner.OK else (
+        f"{len(ranks)} of {world_size} ranks reported")
+    first = ranks[0] if ranks else {}
     result.n_params = first.get("n_params", 0)
     result.losses = first.get("losses", [])
     result.step_times_s = first.get("step_times_s", [])
-    result.steps_done = first.get("steps_done", 0)
+    result.steps_done = len(result.losses)
     timed = sorted(result.step_times_s[1:] or result.step_times_s)
     if timed:
         result.median_step_s = timed[len(timed) // 2]
-        result.tokens_per_s = global_tokens(spec) / result.median_step_s
+        result.tokens_per_s = tokens_per_step / result.median_step_s
     peaks = [r["peak_gpu_allocated_bytes"] for r in ranks if r.get("peak_gpu_allocated_bytes")]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None
     result.ranks = ranks
     return result
 
 
-# ---- the plan: which runs, where -----------------------------------------------------------------
-
-
 def two_rank_note(environment: kit_env.Environment) -> tuple[bool, str]:
     """(can 2-rank runs go here, why): 2 GPUs, or 2 CPU ranks without a GPU; not on 1 GPU."""
     where, why = stages_and_offload.two_rank_plan(environment)
     return where is not None, why
-
-
-def _run_all(specs: list[tuple[ParallelSpec, bool]], why: str, progress: bool) -> dict:
-    from tqdm.auto import tqdm
-
-    out = {}
-    for spec, runnable in tqdm(specs, desc="runs", disable=not progress):
-        out[spec.label] = measure(spec) if runnable else not_here(spec, why)
-    return out
-
-
-def pipeline_runs(base: ParallelSpec, environment: kit_env.Environment,
-                  progress: bool = True) -> dict[str, runner.RunResult]:
-    """The same GPT, data and seed: on 1 rank, data parallel on 2 (ZeRO-1), a 2-stage pipeline
-    (ZeRO-1), and the pipeline again with 1 micro-batch per step (the bubble at its largest)."""
-    two, why = two_rank_note(environment)
-    dense = replace(base, kind="dense", stage=1)
-    specs = [(replace(dense, label=BASE), True),
-             (replace(dense, label=DP, world_size=2), two),
-             (replace(dense, kind="pipeline", label=PIPE, world_size=2, stages=2), two),
-             (replace(dense, kind="pipeline", label=PIPE_1, world_size=2, stages=2,
-                      micro_batches=1), two)]
-    return _run_all(specs, why, progress)
-
-
-def moe_runs(base: ParallelSpec, environment: kit_env.Environment,
-             progress: bool = True) -> dict[str, runner.RunResult]:
-    """The MoE GPT (ZeRO-2) with all experts on 1 rank, then spread over 2 (ep_size=2)."""
-    two, why = two_rank_note(environment)
-    moe = replace(base, kind="moe", stage=2)
-    specs = [(replace(moe, label=MOE_1, ep_size=1), True),
-             (replace(moe, label=MOE_2, ep_size=2, world_size=2), two)]
-    return _run_all(specs, why, progress)
-
-
-def tp_runs(base: ParallelSpec, environment: kit_env.Environment,
-            progress: bool = True) -> dict[str, runner.RunResult]:
-    """A Hugging Face Llama-shaped model (ZeRO-2) on 1 rank, then split by AutoTP over 2."""
-    two, why = two_rank_note(environment)
-    tp = replace(base, kind="autotp", stage=2)
-    specs = [(replace(tp, label=TP_1), True),
-             (replace(tp, label=TP_2, world_size=2, tensor_parallel=2), two)]
-    return _run_all(specs, why, progress)
 
 
 # ---- checks --------------------------------------------------------------------------------------
@@ -839,209 +628,3 @@ def summary(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
         "DeepSpeed refused: " + (" | ".join(said) or "nothing"),
         f"all checks held: {claims.every(held for _, held in all_claims)}",
     ])
-
-
-# ---- the models and training steps the runs execute (only torch and DeepSpeed) -------------------
-#: The code a learner writes for notebook 08, in one place: a small GPT as a list of layers, the
-#: same layers as a ``deepspeed.pipe.PipelineModule`` and as a plain model, a GPT whose MLPs are
-#: ``deepspeed.moe.layer.MoE`` layers, and the three training steps (``engine.train_batch`` for the
-#: pipeline, the engine loop with gradient accumulation for the others). Notebook 08 prints each
-#: piece beside the call that runs it (``helpers.show.Source``); the runs above execute them in
-#: subprocesses, one per rank. Only torch and DeepSpeed, no kit imports: it reads as a user's script.
-
-
-@dataclass(frozen=True)
-class GPTShape:
-    """Sizes of the small GPT: layers, width, heads, vocabulary, context."""
-
-    layers: int = 4
-    width: int = 64
-    heads: int = 2
-    vocab: int = 257
-    seq_len: int = 64
-
-
-class Embed(nn.Module):
-    """Token plus learned position embeddings: the first pipeline stage starts here."""
-
-    def __init__(self, shape: GPTShape) -> None:
-        super().__init__()
-        self.tokens = nn.Embedding(shape.vocab, shape.width)
-        self.positions = nn.Embedding(shape.seq_len, shape.width)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
-
-
-def mlp(width: int) -> nn.Module:
-    """GPT's MLP (4x wider, GELU): a block's feed-forward, and one expert of an MoE layer."""
-    return nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention, then the MLP (or an MoE layer)."""
-
-    def __init__(self, shape: GPTShape, feed_forward: nn.Module | None = None) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(shape.width), nn.LayerNorm(shape.width)
-        self.attn = nn.MultiheadAttention(shape.width, shape.heads, batch_first=True)
-        self.ff = feed_forward if feed_forward is not None else mlp(shape.width)
-
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[1]
-        causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
-        h = self.ln1(x)
-        return x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.attend(x)
-        return x + self.ff(self.ln2(x))
-
-
-class Head(nn.Module):
-    """Final norm and the output projection to the vocabulary: the last stage ends here."""
-
-    def __init__(self, shape: GPTShape) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(shape.width)
-        self.out = nn.Linear(shape.width, shape.vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(x))
-
-
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy: position i predicts token i + 1."""
-    vocab = logits.shape[-1]
-    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(),
-                                       labels[:, 1:].reshape(-1))
-
-
-def layer_specs(shape: GPTShape) -> list:
-    """The GPT as a flat list of ``LayerSpec``: a pipeline cuts it between two layers. A spec is
-    built only on the stage that owns it, so no rank ever holds the whole model."""
-    from deepspeed.pipe import LayerSpec
-
-    return [LayerSpec(Embed, shape), *[LayerSpec(Block, shape) for _ in range(shape.layers)],
-            LayerSpec(Head, shape)]
-
-
-def pipeline_model(shape: GPTShape, stages: int, seed: int = 0):
-    """The GPT as a ``PipelineModule`` of ``stages`` stages, cut so that each stage holds about
-    the same number of parameters. Layer i is initialised from seed ``seed + i`` wherever it is
-    built, so the plain model of :func:`dense_model` starts from the same weights."""
-    from deepspeed.pipe import PipelineModule
-
-    return PipelineModule(layers=layer_specs(shape), num_stages=stages, loss_fn=lm_loss,
-                          partition_method="parameters", seed_layers=True, base_seed=seed,
-                          # DeepSpeed 0.19.8 seeds Python's `random` with a numpy integer, which
-                          # Python 3.11+ refuses (TypeError): seed torch ourselves.
-                          seed_fn=lambda s: torch.manual_seed(int(s)))
-
-
-class DenseGPT(nn.Sequential):
-    """The same layers as one ordinary model (data parallel, one GPU): returns the loss."""
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return lm_loss(super().forward(ids), ids)
-
-
-def dense_model(shape: GPTShape, seed: int = 0) -> DenseGPT:
-    """The pipeline's layers built in one process, each from the seed the pipeline gives it."""
-    layers = []
-    for i, spec in enumerate(layer_specs(shape)):
-        torch.manual_seed(seed + i)
-        layers.append(spec.build())
-    return DenseGPT(*layers)
-
-
-def train_pipeline_step(engine, micro_batches: list[torch.Tensor]) -> float:
-    """One optimizer step of the pipeline: ``train_batch`` pulls gradient_accumulation_steps
-    micro-batches from the iterator (inputs on the first stage, labels on the last), runs the
-    1F1B schedule and the optimizer, and returns the mean loss on every stage."""
-    loss = engine.train_batch(data_iter=iter([(ids, ids) for ids in micro_batches]))
-    return float(loss)
-
-
-def train_step(engine, micro_batches: list[torch.Tensor], aux_coef: float = 0.0,
-               hugging_face: bool = False) -> dict:
-    """One optimizer step of an ordinary engine over this rank's micro-batches (gradient
-    accumulation: DeepSpeed scales each loss and steps at the boundary). A model that returns
-    (loss, aux_loss, expert_counts), as :class:`MoEGPT` does, has its load-balancing loss added
-    with weight ``aux_coef``; a Hugging Face model gets ``labels`` and returns its own loss.
-    Returns this rank's mean loss, mean aux loss and expert counts."""
-    losses, aux_losses, counts = [], [], None
-    for ids in micro_batches:
-        ids = ids.to(engine.device)
-        out = engine(input_ids=ids, labels=ids).loss if hugging_face else engine(ids)
-        loss, aux, used = out if isinstance(out, tuple) else (out, None, None)
-        engine.backward(loss + aux_coef * aux if aux is not None else loss)
-        engine.step()  # an optimizer step only at the accumulation boundary
-        losses.append(float(loss))
-        if aux is not None:
-            aux_losses.append(float(aux))
-            counts = used if counts is None else [  # per layer, per expert
-                [x + y for x, y in zip(a, b)] for a, b in zip(counts, used)]
-    return {"loss": sum(losses) / len(losses),
-            "aux": sum(aux_losses) / len(aux_losses) if aux_losses else None, "counts": counts}
-
-
-class MoEGPT(nn.Module):
-    """The GPT with every MLP replaced by a ``deepspeed.moe.layer.MoE`` layer of ``experts``
-    copies of that MLP and a top-1 gate. ``ep_size`` GPUs share the experts (each holds
-    experts / ep_size); tokens travel to their expert's GPU and back by all-to-all."""
-
-    def __init__(self, shape: GPTShape, experts: int, ep_size: int, capacity_factor: float = 1.25):
-        from deepspeed.moe.layer import MoE
-
-        super().__init__()
-        self.embed, self.head = Embed(shape), Head(shape)
-        self.blocks = nn.ModuleList(
-            Block(shape, MoE(hidden_size=shape.width, expert=mlp(shape.width), num_experts=experts,
-                             ep_size=ep_size, k=1, capacity_factor=capacity_factor, min_capacity=4,
-                             # tokens past an expert's capacity are dropped by position, not at
-                             # random: every layout drops the same ones
-                             use_rts=False))
-            for _ in range(shape.layers))
-
-    def forward(self, ids: torch.Tensor):
-        x, aux, counts = self.embed(ids), 0.0, []
-        for block in self.blocks:
-            x = block.attend(x)
-            y, layer_aux, layer_counts = block.ff(block.ln2(x))  # MoE returns three things
-            x, aux = x + y, aux + layer_aux
-            counts.append(layer_counts.tolist())  # tokens the gate sent to each expert
-        return lm_loss(self.head(x), ids), aux / len(self.blocks), counts
-
-
-def moe_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """AdamW with expert parameters in their own groups: ZeRO reduces expert gradients only
-    among the ranks that hold the same experts, and it finds them by these groups."""
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-    groups = split_params_into_different_moe_groups_for_optimizer(
-        {"params": list(model.parameters()), "name": "parameters"})
-    return torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
-
-
-def engine_config(micro_batch: int, accumulation: int, stage: int, precision: str, lr: float,
-                  warmup: int, tensor_parallel: int = 1, optimizer: bool = True) -> dict:
-    """The DeepSpeed config of every run of notebook 08. ``tensor_parallel`` > 1 adds AutoTP:
-    DeepSpeed shards the Hugging Face model's linear layers over that many GPUs at initialize."""
-    config = {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": 1.0,
-        # from lr / 10: WarmupLR's first two steps run at warmup_min_lr (0 would waste them)
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": lr / 10, "warmup_max_lr": lr,
-                                                     "warmup_num_steps": warmup}},
-        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
-        "bf16": {"enabled": precision == "bf16"},
-        "zero_optimization": {"stage": stage},
-        "steps_per_print": 1_000_000,
-    }
-    if optimizer:  # else the client passes one (MoE: expert parameter groups)
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0}}
-    if tensor_parallel > 1:
-        config["tensor_parallel"] = {"autotp_size": tensor_parallel}
-    return config
