@@ -72,5 +72,6 @@ LAYERS: list[dict[str, str]] = [
     {
         "lessons.engine_and_accelerate": "07: one config trained three ways, compared",
         "lessons.beyond_data_parallelism": "08: pipeline, MoE and AutoTP runs, their models",
+        "lessons.zero_or_lora": "09: LoRA beside full fine-tuning and faster offload, measured",
     },
 ]
