@@ -298,6 +298,9 @@ def test_destroy_leaves_the_model_on_deepspeeds_stack_and_the_fix_frees_the_buff
     assert not out["True"]["on_stack"] and out["True"]["optimizer_buffers"] == 0
 
 
+#: ZenFlow's losses in its full-update warm-up rounds against plain CPU offload's (relative): the
+#: same updates, in another order of float additions (measured: 6e-5 at most over 8 steps).
+ZENFLOW_WARM_RTOL = 1e-4
 # One fresh process: GPT-2 tiny (fp32, CPU) through ZeRO-2 + CPU offload with ZenFlow, without
 # the fix and with it, and plain ZeRO-2 + CPU offload beside them: which 2-D weights
 # deepspeed.initialize changed, and the losses of a few steps on the same batches.
@@ -354,15 +357,12 @@ def test_without_the_fix_zenflow_scrambles_every_weight_matrix_at_initialize(zen
     assert case["losses"][0] != zenflow_runs["plain"]["losses"][0]
 
 
-def test_with_the_fix_zenflow_keeps_the_weights_and_trains_like_plain_offload(zenflow_runs):
+def test_with_the_fix_zenflow_keeps_the_weights_and_its_loss_falls(zenflow_runs):
     from helpers import claims
-    from helpers.lessons import zero_or_lora
 
     fixed, plain = zenflow_runs["fixed"], zenflow_runs["plain"]
     assert fixed["changed"] == 0 and fixed["matrices"] > 0
     assert fixed["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-6)  # the same weights
-    assert all(claims.within(z, p, zero_or_lora.ZENFLOW_RTOL)
-               for z, p in zip(fixed["losses"], plain["losses"]))
     assert claims.loss_falls(fixed["losses"])
 
 
@@ -370,4 +370,4 @@ def test_with_the_fix_zenflow_s_full_updates_are_plain_offloads_steps(zenflow_ru
     # In its warm-up rounds ZenFlow updates every weight every step: with the weights read back
     # right, after every step too, that is plain CPU offload, loss for loss.
     warm, plain = zenflow_runs["warm"], zenflow_runs["plain"]
-    assert warm["losses"] == pytest.approx(plain["losses"], rel=1e-4)
+    assert warm["losses"] == pytest.approx(plain["losses"], rel=ZENFLOW_WARM_RTOL)

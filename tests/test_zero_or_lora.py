@@ -156,6 +156,19 @@ def test_zenflow_that_scrambled_its_weights_fails(cpu):
     assert any(lesson.ZENFLOW_NAME in s for s in _failed(runs, cpu))
 
 
+def test_fp16_master_weights_are_refused_below_stage_1():
+    # DeepSpeed 0.19.8's own rule (runtime/config.py): ZeRO 1-3 only (and, at initialize, with the
+    # optimizer offloaded to DeepSpeed's CPU Adam): notebook 09 runs it with ZeRO-2 + CPU offload.
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    ds = {"train_batch_size": 4, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True},
+          "zero_optimization": {"stage": 0}}
+    with pytest.raises(AssertionError, match="only supported with ZeRO Stage 1, 2, or 3"):
+        DeepSpeedConfig(ds)
+    ds["zero_optimization"]["stage"] = 2
+    assert DeepSpeedConfig(ds).float16_config.fp16_master_weights_and_grads
+
+
 @pytest.mark.parametrize("bad", ["lora trains everything", "no eval loss", "stage 0 broke",
                                  "offload parted", "fp16 masters diverged", "lora not larger",
                                  "an error without a message"])
