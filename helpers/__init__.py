@@ -72,5 +72,6 @@ LAYERS: list[dict[str, str]] = [
     {
         "lessons.engine_and_accelerate": "07: one config trained three ways, compared",
         "lessons.beyond_data_parallelism": "08: the lesson script's runs planned, read, checked",
+        "lessons.zero_or_lora": "09: LoRA beside full fine-tuning and faster offload, measured",
     },
 ]

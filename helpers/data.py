@@ -50,6 +50,15 @@ def chunk(ids: list[int], block_size: int) -> list[list[int]]:
     return [ids[i * block_size:(i + 1) * block_size] for i in range(n)]
 
 
+def split_held_out(text: str, fraction: float = 0.1) -> tuple[str, str]:
+    """(training text, held-out text): the text's last ``fraction``, cut at a line break, is kept
+    out of training to score a model on text it has not seen."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction must be between 0 and 1, got {fraction}")
+    cut = text.rfind("\n", 0, int(len(text) * (1 - fraction))) + 1 or int(len(text) * (1 - fraction))
+    return text[:cut], text[cut:]
+
+
 def batches(text: str, tokenizer, block_size: int, micro_batch: int, steps: int, seed: int = 0):
     """``steps`` batches of shape (micro_batch, block_size) as tensors, cycling through the blocks."""
     import torch

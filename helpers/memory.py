@@ -148,15 +148,20 @@ def activation_bytes(
 
 
 def model_states(
-    model: "ModelInfo", config: dict, world_size: int = 1
+    model: "ModelInfo", config: dict, world_size: int = 1, trainable: int | None = None
 ) -> dict[str, dict[str, int]]:
     """The ZeRO paper's model states per place and kind (params, grads, optimizer), as a rank holds
     them during a step: mixed-precision Adam's 2 + 2 + 12 bytes per parameter, partitioned 12/N at
     stage 1, 14/N at stage 2, 16/N at stage 3, except that DeepSpeed's stage 1 partitions gradients
     as stage 2 does (measured on 2 GPUs). Offloaded states are on "cpu" or "nvme"; an offloaded
-    optimizer reads an fp32 gradient partition on the host."""
+    optimizer reads an fp32 gradient partition on the host.
+
+    ``trainable``: how many of the parameters train (LoRA's adapters, the rest frozen; None: all).
+    Every parameter keeps its weights; only the trained ones have gradients and optimizer states
+    (:func:`lora_bytes_per_param`)."""
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
+    t = p if trainable is None else trainable
     half = _half(config)
     w = HALF if half else FP32
     master = FP32 if (half or stage >= 1) else 0
@@ -173,11 +178,35 @@ def model_states(
     put(host_par or "gpu", "params", p * w / (n if stage == 3 else 1))
     if host_opt:
         # the fp32 gradient partition the offloaded optimizer reads (swapped out with it to NVMe)
-        put(host_opt, "grads", p * FP32 / n)
+        put(host_opt, "grads", t * FP32 / n)
     else:
-        put("gpu", "grads", p * w / (n if stage >= 1 else 1))
-    put(host_opt or "gpu", "optimizer", p * (8 + master) / (n if stage >= 1 else 1))
+        put("gpu", "grads", t * w / (n if stage >= 1 else 1))
+    put(host_opt or "gpu", "optimizer", t * (8 + master) / (n if stage >= 1 else 1))
     return out
+
+
+def lora_params(model: "ModelInfo", rank: int) -> int:
+    """Parameters LoRA adds at ``rank`` to every linear layer of the blocks (PEFT's
+    ``target_modules="all-linear"``: not the output head): ``rank`` x (inputs + outputs) per
+    matrix. GPT-2: q/k/v fused (h -> 3h), the attention's output (h -> h), the MLP's two
+    (h -> i, i -> h). Llama/Qwen-style: q, k, v, o (k and v h -> kv heads x head width), gate, up
+    and down."""
+    h, i = model.hidden, model.intermediate
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    if model.family == "gpt2":
+        per_layer = (h + 3 * h) + (h + h) + (h + i) + (i + h)
+    else:
+        mlp = 3 * (h + i) if model.gated_mlp else 2 * (h + i)
+        per_layer = (h + q) + 2 * (h + kv) + (q + h) + mlp
+    return rank * per_layer * model.n_layer
+
+
+def lora_bytes_per_param(n_params: int, trainable: int, half: bool = True) -> float:
+    """Model-state bytes per parameter of the whole model when only ``trainable`` parameters
+    train (LoRA): the frozen model's weights in 2 bytes (4 in fp32), the adapters' full
+    mixed-precision Adam states (2 weight + 2 gradient + 12 optimizer bytes each)."""
+    w = HALF if half else FP32
+    return ((n_params - trainable) * w + trainable * (w + w + 8 + FP32)) / n_params
 
 
 def _offload(zero: dict, key: str) -> str | None:
@@ -369,10 +398,12 @@ def _gpu_phases(
     grad_ckpt: bool,
     w: int,
     zero_init: bool = False,
+    trainable: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`)."""
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
+    t = p if trainable is None else trainable
     on = states.get("gpu", {})
     # gradients appear during backward, except stage 3's fp16 partition, which persists between
     # steps (GPT-2 774M at stage 3 ran out with 13.21 GiB in use: its 1.44 GiB of fp16 gradients
@@ -418,10 +449,10 @@ def _gpu_phases(
         # offloaded optimizer's copy to the host; a tied embedding's two gradient contributions
         # (output head, then input) coexist for a moment. Fit half: GPT-2 774M (4 x 512) and
         # TinyLlama 1.1B (untied) with ZeRO-2 + CPU offload peaked at weights + gradients + buckets.
-        tied = w * model.vocab * model.hidden if model.tied else 0
+        tied = w * model.vocab * model.hidden if model.tied and trainable is None else 0
         phases["after backward"] = {
             **resident,
-            "grads": w * p,
+            "grads": w * t,
             **({"tied gradient": tied} if tied else {}),
         }
     if stage == 3 and not zero_init:
@@ -435,18 +466,20 @@ def _gpu_phases(
         # reduce-scatters before the step, as stage 2), and at stage 3 its states plus one fp32
         # sub-group gradient. Fitted on GPT-2 124M and 355M with 1 and 2 GPUs (GPU_RUNS.md runs
         # 2 and 6); DeepSpeed's buckets (and stage 3's gathered parameters) come on top.
+        # (with LoRA, the frozen parameters' weights plus these for the trained ones)
+        frozen = p - t
         if stage == 0:
-            step = 24 * p
+            step = 24 * t + w * frozen
         elif stage in (1, 2):
-            step = 2 * p + 2 * p / n + 18 * p / n
+            step = 2 * p + 2 * t / n + 18 * t / n
         else:
-            step = 16 * p / n + FP32 * min(p / n, int(zero.get("sub_group_size", 1e9)))
+            step = (16 * t + w * frozen) / n + FP32 * min(t / n, int(zero.get("sub_group_size", 1e9)))
         extra = {k: v for k, v in resident.items() if k in ("buffers", "gathered params")}
         temporaries = max(0, step - sum(on.values()))
         phases["optimizer step"] = {**on, **extra, "step temporaries": temporaries}
         if stage == 3:
             # has_overflow, before the sub-groups' steps: see OVERFLOW_CHECK_BYTES
-            check = OVERFLOW_CHECK_BYTES * p / n
+            check = OVERFLOW_CHECK_BYTES * t / n
             phases["overflow check"] = {**on, **extra, "overflow check": check}
     return phases
 
@@ -490,6 +523,7 @@ def estimate(
     on_gpu: bool = True,
     zero_init: bool = False,
     sliced_overflow_check: bool = True,
+    trainable: int | None = None,
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
@@ -505,6 +539,8 @@ def estimate(
     whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
     ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
     the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
+    ``trainable``: how many parameters train (LoRA's adapters; None: all of them): gradients,
+    optimizer states and their buffers count only those (:func:`model_states`).
 
     The micro batch and the world size come from ``config`` where it has them in numbers (else 4
     and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
@@ -517,10 +553,11 @@ def estimate(
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     w = HALF if _half(config) else FP32
-    states = model_states(model, config, world_size)
+    t = p if trainable is None else trainable
+    states = model_states(model, config, world_size, trainable)
     est = Estimate()
     phases = _gpu_phases(
-        model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init
+        model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init, trainable
     )
     when = max(phases, key=lambda k: sum(phases[k].values()))
     dev = "gpu" if on_gpu else "cpu"
@@ -539,14 +576,14 @@ def estimate(
         for kind, nbytes in states.get(place, {}).items():
             est.add(place, kind, nbytes)
     if stage == 3 and (host_opt or host_par):
-        est.add("cpu", "grads", p * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
+        est.add("cpu", "grads", t * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
         if sliced_overflow_check and host_opt == "nvme":
             group = largest_sub_group_numel(model, int(zero.get("sub_group_size", 1e9)), world_size)
             step = STEP_SUB_GROUP_BYTES * group
         elif sliced_overflow_check:
-            step = max(SLICED_STEP_BYTES * p / n, SLICED_STEP_FLOOR)
+            step = max(SLICED_STEP_BYTES * t / n, SLICED_STEP_FLOOR)
         else:
-            step = OVERFLOW_CHECK_BYTES * p / n
+            step = OVERFLOW_CHECK_BYTES * t / n
         est.add("cpu", "step temporaries", step)
         if zero_init:
             est.add("cpu", "zero.Init build", ZERO_INIT_HOST_BYTES)
@@ -565,7 +602,7 @@ def estimate(
         est.add("cpu", "optimizer swap buffers",
                 int(opt_cfg.get("buffer_count", 4)) * group * FP32)
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
-        est.add("cpu", "pinned buffers", p * HOST_PINNED_BYTES / n)
+        est.add("cpu", "pinned buffers", t * HOST_PINNED_BYTES / n)
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
     if not (stage == 3 and zero_init):
         built = host_build_bytes(model)

@@ -68,6 +68,10 @@ class RunSpec:
     timeout_s: int = 1800
     zero_init: bool = False  # ZeRO-3: build the model partitioned (low host RAM; other random init than stage 0)
     force_cpu: bool = False  # hide the GPUs: DeepSpeed's CPU accelerator, gloo between ranks
+    model_path: str | None = None  # a from_pretrained folder (its own tokenizer) in place of shape
+    text_path: str | None = None  # a text file to train on; None: the kit's offline corpus
+    lora: dict | None = None  # LoraConfig's arguments: train PEFT adapters, the model frozen
+    eval_batches: int = 0  # held-out batches (the text's last tenth) scored after training
 
     def __post_init__(self) -> None:
         """The DeepSpeed config carries the micro batch and the world size: a spec that says
@@ -98,6 +102,8 @@ class RunResult:
     peak_host_rss_bytes: int = 0
     peak_nvme_bytes: int = 0
     wall_s: float = 0.0
+    n_trainable: int = 0
+    eval_loss: float | None = None  # mean loss on held-out batches after training (eval_batches)
     ranks: list[dict] = field(default_factory=list)
     rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
 
@@ -202,14 +208,29 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 
         keep_alive = HfDeepSpeedConfig(config)
     enter("model built")
-    model = models.build_model(model_config, seed=spec.seed)
+    if spec.model_path:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(spec.seed)
+        model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path),
+                            AutoTokenizer.from_pretrained(spec.model_path))
+    else:
+        model, tokenizer = models.build_model(model_config, seed=spec.seed), models.ByteTokenizer()
     if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    if spec.lora:
+        model = with_lora(model, spec.lora, spec.grad_ckpt)
     enter("deepspeed.initialize")
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    tokenizer = models.ByteTokenizer()
-    corpus = data.offline_corpus(max(50_000, spec.seq_len * spec.micro_batch * (spec.steps + 2) * 2), seed=spec.seed)
+    result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
+    if spec.text_path:
+        corpus = Path(spec.text_path).read_text()
+    else:
+        corpus = data.offline_corpus(max(50_000, spec.seq_len * spec.micro_batch * (spec.steps + 2) * 2),
+                                     seed=spec.seed)
+    corpus, held_out = data.split_held_out(corpus) if spec.eval_batches else (corpus, "")
     rank = int(os.environ.get("RANK", "0"))
     steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
     losses, times, scales = [], [], []
@@ -233,10 +254,39 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         scales.append(float(scale) if isinstance(scale, (int, float)) else float(getattr(scale, "item", lambda: 1.0)()))
     result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
                   skipped_steps=int(getattr(engine, "skipped_steps", 0)))
+    if spec.eval_batches:
+        held = data.batches(held_out, tokenizer, spec.seq_len, spec.micro_batch, spec.eval_batches,
+                            seed=spec.seed)
+        result["eval_loss"] = held_out_loss(engine, held)
     if cuda:
         result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
         result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
     del keep_alive
+
+
+def with_lora(model, lora: dict, grad_ckpt: bool = False):
+    """``model`` with PEFT's LoRA adapters (``LoraConfig(**lora)``, a causal LM's task): the model's
+    own weights frozen, the adapters trained. With gradient checkpointing the inputs are made to
+    require gradients, or a frozen embedding would leave the checkpointed layers nothing to
+    differentiate."""
+    from peft import LoraConfig, get_peft_model
+
+    if grad_ckpt:
+        model.enable_input_require_grads()
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+
+
+def held_out_loss(engine, batches) -> float:
+    """The mean loss of ``engine``'s model over ``batches``, without gradients (evaluation mode,
+    then back to training)."""
+    import torch
+
+    engine.eval()
+    with torch.no_grad():
+        losses = [float(engine(input_ids=b.to(engine.device), labels=b.to(engine.device)).loss)
+                  for b in batches]
+    engine.train()
+    return sum(losses) / len(losses)
 
 
 # ---- the parent -------------------------------------------------------------------------------------------
@@ -442,6 +492,8 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     else:
         result.status = OK
     result.n_params = first.get("n_params", 0)
+    result.n_trainable = first.get("n_trainable", 0)
+    result.eval_loss = first.get("eval_loss")
     result.losses = first.get("losses", [])
     result.loss_scales = first.get("loss_scales", [])
     result.skipped_steps = first.get("skipped_steps", 0)

@@ -49,14 +49,14 @@ from tools import nbtool
 #: Notebooks whose lesson cells form a script (issue 15): both must have lesson cells.
 LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_offload",
                     "06_biggest_model_on_a_t4", "07_engine_and_accelerate",
-                    "08_beyond_data_parallelism")
+                    "08_beyond_data_parallelism", "09_zero_or_lora")
 #: Notebooks whose lesson writes DeepSpeed configs rather than training (issue 27: notebook 03's
 #: config as a dict, notebook 05's rows as what they change from stage 0): their script must write
 #: at least one JSON config into WORK_DIR, and every one must pass the kit's checker (DeepSpeed's
 #: own config classes and more).
 CONFIG_LESSONS = ("03_config_builder", "05_stages_and_offload")
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
-ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate"}
+ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate", "peft"}
 #: Names a parameters cell may define that the test points into its temporary folder.
 #: The Hub name the scripts load, from a Hub-layout cache written by the test (HF_HUB_OFFLINE=1).
 HUB_NAME = "zero-kit-offline/tiny-gpt2"

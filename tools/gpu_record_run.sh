@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU record run of notebooks 05, 06 and 08 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
-#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [grid] [rung-2.7b]
+#   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [nbval-09] [grid] [rung-2.7b]
 #   bash tools/gpu_record_run.sh wait 500
 #   bash tools/gpu_record_run.sh wait 560      # again, until it prints "all done"; results land in $OUT
 # Each call must end on its own, inside its limit (start + ops build take about 90 s: "wait 420" in the
@@ -47,6 +47,8 @@ start)
     nbval 06 notebooks/06_biggest_model_on_a_t4.ipynb
   # 08 uses both GPUs (2-rank pipeline, MoE and AutoTP runs): start it alone, or beside 1-GPU lanes only.
   [[ $jobs == *" nbval-08 "* ]] && nbval 08 notebooks/08_beyond_data_parallelism.ipynb
+  # 09's measured runs share one GPU with nothing else: their step times are its benchmark.
+  [[ $jobs == *" nbval-09 "* ]] && CUDA_VISIBLE_DEVICES=$flip nbval 09 notebooks/09_zero_or_lora.ipynb
   # The memory grid of issue 16 (tools/measure_memory_grid.py), 6 cases at a time on GPU 0. It resumes
   # $W/grid.jsonl: copy the recorded rows there first (tools/grid_runs/); KIT_GRID_ARGS adds options.
   [[ $jobs == *" grid "* ]] && CUDA_VISIBLE_DEVICES=0 KIT_OFFLOAD_DIR=/tmp/kit_nvme_grid setsid nohup python3 \

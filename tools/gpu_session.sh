@@ -3,7 +3,7 @@
 # inside its limit and the next follow within 30 s: tools/gpu_record_run.sh says why).
 #   source .whl/install-on-gpu.sh; bash tools/gpu_session.sh start JOB...
 #     JOB: context (the CUDA context, measured first on the idle GPU), finetune (notebook 06's
-#     fine-tune part), nbval-a (01-04, 07), nbval-05, nbval-08, nbval-06 (KIT_LADDER_HEADLINE cuts
+#     fine-tune part), nbval-a (01-04, 07), nbval-05, nbval-08, nbval-09, nbval-06 (KIT_LADDER_HEADLINE cuts
 #     the ladder), rungs (tools/gpu_nvme_rung.py for each SHAPE:WEIGHTS of KIT_RUNGS, one after
 #     another, each on its own NVMe folder)
 #   bash tools/gpu_session.sh wait SECONDS    # until "all done"; logs land in $OUT
@@ -39,6 +39,7 @@ start)
         notebooks/07_engine_and_accelerate.ipynb)" ;;
       nbval-05) job nbval-05 "$(nbval notebooks/05_stages_and_offload.ipynb)" ;;
       nbval-08) job nbval-08 "$(nbval notebooks/08_beyond_data_parallelism.ipynb)" ;;
+      nbval-09) job nbval-09 "$(nbval notebooks/09_zero_or_lora.ipynb)" ;;
       nbval-06) job nbval-06 "$(nbval notebooks/06_biggest_model_on_a_t4.ipynb)" ;;
       rungs) job rungs "for r in ${KIT_RUNGS:-}; do python3 tools/gpu_nvme_rung.py \${r%%:*} \${r##*:}; done" ;;
     esac

@@ -283,10 +283,11 @@ def shape_takeaway(rows: list[runner.Row], other: list[runner.Row], environment:
 #:   rate from step 1; measured: losses part from plain's at step 2, 8.59 against 8.23 at GPT-2 124M):
 #:   helpers.deepspeed_fixes.fix_partial_offload_schedule, which helpers.runner applies, mends it;
 #:
-#: ZenFlow is not among the variants: in DeepSpeed 0.19.8 it scrambles every 2-D weight at
+#: ZenFlow is not among these variants: in DeepSpeed 0.19.8 it scrambles every 2-D weight at
 #: ``deepspeed.initialize`` (its flatten stores matrices transposed, ``_update_model_bit16_weights``
 #: views them untransposed; GPT-2 tiny's first loss 10.8408 -> 10.8330 with the same weights), which
-#: the first-loss check caught. README: where DeepSpeed falls short.
+#: the first-loss check caught. helpers.deepspeed_fixes.fix_zenflow_weights mends it, and notebook 09
+#: runs ZenFlow beside plain offload. README: where DeepSpeed falls short.
 #:
 #: A variant that fails here (a feature that needs bf16 or a newer GPU, say) is a row with its error,
 #: not a crash: the table says what DeepSpeed said.
