@@ -22,6 +22,7 @@ USED_ELSEWHERE = [
     "description_width",  # ipywidgets style attribute
     "LAYERS",  # helpers/__init__.py: read by tests/test_layers.py
     "write_hub_cache",  # helpers.models: the Hub-name path offline (tests/test_lesson_scripts.py)
+    "write_datasets_cache",  # helpers.data: a Hub dataset's name offline (tests/test_lesson_scripts.py)
     "save_offline_model",  # helpers.models: called in a fresh process (_save_in_a_subprocess)
     "train_rank",  # the entry point a run's ranks start at, named as a string (helpers.runner)
 ]
