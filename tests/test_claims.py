@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers import claims, config, doctor, env, runner
+from helpers import claims, config, doctor, env, memory, runner
 from helpers.lessons import biggest_model
 from helpers.lessons import stages_and_offload
 from helpers.lessons import zero2_training
@@ -151,7 +151,12 @@ def _rung(shape, method, status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.
                              losses=list(losses) if status == runner.OK else [], steps_done=steps,
                              peak_host_rss_bytes=2**30, peak_gpu_allocated_bytes=2 * 2**30,
                              rss_phases=_phases())
-    return biggest_model.Rung(shape, method, result, 1)
+    spec = None
+    if biggest_model.is_nvme(method):  # the config the ladder gives it (its optimizer sub-groups)
+        ds = config.zero_infinity(memory.ModelInfo.for_shape(shape),
+                                  config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload")
+        spec = runner.RunSpec(ds_config=ds, shape=shape, micro_batch=4)
+    return biggest_model.Rung(shape, method, result, 1, spec=spec)
 
 
 def _ladder(headline_status=runner.OK, nvme_status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.5)):

@@ -314,6 +314,12 @@ def test_a_launched_run_that_raised_says_what_in_one_line(tmp_path):
     assert not runner.explained(broken) and "\n" not in broken.message
 
 
+def test_a_launched_run_stopped_by_its_timeout_says_so(tmp_path):
+    stuck = _launched(tmp_path, [rank(0)], returncode=124, log="[rank1] waiting in all_reduce\n")
+    assert stuck.status == runner.ERROR and stuck.message == (
+        f"timed out after {beyond_data_parallelism.LAUNCH_TIMEOUT_S} s")
+
+
 def test_a_refusal_is_a_run_that_failed_with_deepspeeds_words(tmp_path):
     runs = []
     for i, (name, (words, _)) in enumerate(beyond_data_parallelism.REFUSALS.items()):

@@ -137,6 +137,11 @@ def _log(run: Launch) -> str:
     return Path(run.log).read_text(errors="replace") if Path(run.log).exists() else ""
 
 
+#: Seconds a launched run may take before `timeout` stops it (exit code 124): a rank that hangs in a
+#: collective would otherwise hold the notebook until nbval's cell timeout.
+LAUNCH_TIMEOUT_S = 900
+
+
 def result(run: Launch) -> runner.RunResult:
     """What one launched run left, as a :class:`helpers.runner.RunResult`: not here (no command),
     or every rank's JSON merged (:func:`merge`), with the error from its log when it failed."""
@@ -146,8 +151,8 @@ def result(run: Launch) -> runner.RunResult:
                  run.world_size, run.tokens_per_step())
     if run.returncode not in (0, None) or done.status != runner.OK:
         done.status = runner.ERROR
-        done.message = (first_error(_log(run)) or done.message
-                        or f"exit code {run.returncode}")
+        done.message = (f"timed out after {LAUNCH_TIMEOUT_S} s" if run.returncode == 124 else
+                        first_error(_log(run)) or done.message or f"exit code {run.returncode}")
     runner.report({"shape": run.layout, **asdict(done)})
     return done
 
@@ -587,7 +592,9 @@ def takeaways(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
                          f"with more (the bubble's theory: {bubble_theory(2, 1):.0%} and less); "
                          f"tokens/s: pipeline {pp.tokens_per_s:,.0f}, data parallel "
                          f"{(_ok(pipe, DP) or pp).tokens_per_s:,.0f}, 1 rank "
-                         f"{base.tokens_per_s:,.0f}.")
+                         f"{base.tokens_per_s:,.0f}"
+                         + ("." if environment.has_gpu else " (not checked here: CPU ranks share "
+                            "the cores, so idle time is noise; the GPU run checks it)."))
     sizes = moe_sizes(_ok(moe, MOE_1), experts)
     if sizes:
         lines.append(f"The MoE GPT has {sizes['total'] / 1e6:.2f}M parameters but a token passes "

@@ -240,7 +240,7 @@ def step_rise(result: runner.RunResult) -> int | None:
 
 def largest_sub_group(rung: Rung) -> int:
     """Elements in the largest optimizer sub-group of the config a rung ran (DeepSpeed's grouping)."""
-    zero = rung.spec.ds_config.get("zero_optimization", {})
+    zero = (rung.spec.ds_config if rung.spec else {}).get("zero_optimization", {})
     return memory.largest_sub_group_numel(memory.ModelInfo.for_shape(rung.shape),
                                           int(zero.get("sub_group_size", 1e9)))
 
