@@ -9,6 +9,16 @@ import pytest
 
 from helpers import env
 
+
+def run_probe(code: str, *args: str, timeout: int = 900) -> dict:
+    """Run a probe script in a fresh process (from the repository's root) and return the JSON of
+    its ``RESULT`` line; no such line fails the test with the probe's output."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(line[len("RESULT "):])
+
 # One fresh process: partition a tiny model with zero.Init(dtype=float32) while the accelerator is
 # made to answer fp16 = True, then False, with and without the fix. Prints {case: dtype}.
 PROBE = r"""
@@ -33,11 +43,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def dtypes():
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600,
-                          cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
+    return run_probe(PROBE, timeout=600)
 
 
 @pytest.mark.parametrize("fp16", [True, False])
@@ -103,11 +109,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def overflow_checks():
-    done = subprocess.run([sys.executable, "-c", OVERFLOW_PROBE], capture_output=True, text=True,
-                          timeout=900, cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
+    return run_probe(OVERFLOW_PROBE)
 
 
 def test_without_the_fix_the_overflow_check_takes_the_whole_gradient_buffer_at_once(overflow_checks):
@@ -223,11 +225,7 @@ print("RESULT", json.dumps({"asked": len(asked), "flags": flags}))
 
 
 def _cpu_info_probe(folder: str, mode: str = "real") -> dict:
-    done = subprocess.run([sys.executable, "-c", CPU_INFO_PROBE, folder, mode], capture_output=True,
-                          text=True, timeout=300, cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
+    return run_probe(CPU_INFO_PROBE, folder, mode, timeout=300)
 
 
 def test_the_cpu_is_read_once_per_machine_and_the_compile_flags_stay_the_same(tmp_path):
@@ -289,11 +287,7 @@ def test_destroy_leaves_the_model_on_deepspeeds_stack_and_the_fix_frees_the_buff
     ``destroy()`` and the optimizer keeps its fp32 partitions (4 x 124M bytes here); with it, the
     stack lets go and the buffers are gone. When DeepSpeed fixes its stack the first assertion
     fails: then drop the workaround."""
-    done = subprocess.run([sys.executable, "-c", DESTROY_PROBE], capture_output=True, text=True,
-                          timeout=900, cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    out = json.loads(line[len("RESULT "):])
+    out = run_probe(DESTROY_PROBE)
     assert out["False"]["on_stack"] and out["False"]["optimizer_buffers"] == out["False"]["fp32_bytes"] > 4e8
     assert not out["True"]["on_stack"] and out["True"]["optimizer_buffers"] == 0
 
@@ -343,11 +337,7 @@ print("RESULT", json.dumps(out))
 
 @pytest.fixture(scope="module")
 def zenflow_runs():
-    done = subprocess.run([sys.executable, "-c", ZENFLOW_PROBE], capture_output=True, text=True,
-                          timeout=900, cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
+    return run_probe(ZENFLOW_PROBE)
 
 
 def test_without_the_fix_zenflow_scrambles_every_weight_matrix_at_initialize(zenflow_runs):
