@@ -483,6 +483,13 @@ def _last_error(log: str) -> str:
     return (errors or lines or [""])[-1][:500]
 
 
+def median_step_s(step_times_s: list[float]) -> float | None:
+    """A run's typical step time: the median without the first step (warm-up, compiles), or the
+    first step alone; None when no step was timed."""
+    timed = sorted(step_times_s[1:] or step_times_s)
+    return timed[len(timed) // 2] if timed else None
+
+
 def _merge(result: RunResult, ranks: list[dict]) -> None:
     bad = [r for r in ranks if r["status"] != OK]
     first = ranks[0]
@@ -500,9 +507,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.steps_done = first.get("steps_done", 0)
     result.step_times_s = first.get("step_times_s", [])
     result.rss_phases = first.get("rss_phases", [])
-    timed = result.step_times_s[1:] or result.step_times_s
-    if timed:
-        result.median_step_s = sorted(timed)[len(timed) // 2]
+    result.median_step_s = median_step_s(result.step_times_s)
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None
     reserved = [r.get("peak_gpu_reserved_bytes") for r in ranks if r.get("peak_gpu_reserved_bytes") is not None]

@@ -328,9 +328,11 @@ def test_the_careless_save_of_a_partitioned_model_is_empty_and_fails_the_check(z
     assert not all(held for _, held in zero3_lora["careless"]), zero3_lora["careless"]
 
 
-def test_adapters_that_never_trained_change_no_logit_and_trained_ones_do():
+def test_adapters_that_never_trained_change_no_logit_and_trained_ones_do(tmp_path):
     """The notebook's "it trained" claim: a reload of untrained adapters gives the trained model's
     logits too (LoRA's B starts at 0), so the reload check alone cannot fail on them."""
+    from helpers import claims
+
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -340,8 +342,13 @@ def test_adapters_that_never_trained_change_no_logit_and_trained_ones_do():
                            LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True))
     probe = torch.randint(0, 64, (1, 8))
     assert lesson.adapter_effect(model, probe) == 0.0
+    model.save_pretrained(tmp_path / "untrained")
+    failed = claims.failed(lesson.reload_claims(tmp_path / "untrained", model, model, probe, "fp32"))
+    assert failed and all("it trained" in c for c in failed), failed  # only that claim can tell
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.add_(0.1)
     assert lesson.adapter_effect(model, probe) > 1e-3
+    model.save_pretrained(tmp_path / "trained")
+    assert claims.failed(lesson.reload_claims(tmp_path / "trained", model, model, probe, "fp32")) == []

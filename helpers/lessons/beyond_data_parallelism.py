@@ -194,9 +194,8 @@ def merge(result: runner.RunResult, ranks: list[dict], world_size: int,
     result.losses = first.get("losses", [])
     result.step_times_s = first.get("step_times_s", [])
     result.steps_done = len(result.losses)
-    timed = sorted(result.step_times_s[1:] or result.step_times_s)
-    if timed:
-        result.median_step_s = timed[len(timed) // 2]
+    result.median_step_s = runner.median_step_s(result.step_times_s)
+    if result.median_step_s:
         result.tokens_per_s = tokens_per_step / result.median_step_s
     peaks = [r["peak_gpu_allocated_bytes"] for r in ranks if r.get("peak_gpu_allocated_bytes")]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None

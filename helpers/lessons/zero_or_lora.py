@@ -143,11 +143,12 @@ def _not_run(m: Method, environment: kit_env.Environment, ds: dict, info: memory
 
 def run_methods(model_path: str, text_path: str, environment: kit_env.Environment,
                 micro_batch: int, seq_len: int, steps: int, eval_batches: int, lr: float,
-                lora_lr: float, names: list[str] | None = None,
+                lora_lr: float, grad_ckpt: bool = True, names: list[str] | None = None,
                 progress: bool = True) -> list[MethodRun]:
     """Every method (or those ``names``) on the same model folder, text, seed and tokens, each in
     a fresh subprocess (helpers.runner), scored on the text's held-out tenth afterwards; each
-    predicted by the estimator too. A method that cannot run here is a row saying why."""
+    predicted by the estimator too (``grad_ckpt``: activation checkpointing, as the lesson's
+    GRAD_CKPT). A method that cannot run here is a row saying why."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.from_pretrained(model_path)
@@ -155,8 +156,8 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
     chosen = [method(n) for n in names] if names else METHODS
     for m in tqdm(chosen, desc="methods", disable=not progress):
         ds = method_config(m, info, environment, micro_batch, steps, lora_lr if m.lora else lr)
-        est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=True,
-                              on_gpu=environment.has_gpu,
+        est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len,
+                              grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu,
                               trainable=lora_trainable(info) if m.lora else None)
         why = _not_run(m, environment, ds, info, micro_batch, seq_len)
         if why:
@@ -164,7 +165,7 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
             continue
         spec = runner.RunSpec(ds_config=ds, model_path=model_path, text_path=text_path,
                               seq_len=seq_len, micro_batch=micro_batch, steps=steps,
-                              grad_ckpt=True, label=m.name, eval_batches=eval_batches,
+                              grad_ckpt=grad_ckpt, label=m.name, eval_batches=eval_batches,
                               lora=dict(LORA) if m.lora else None)
         out.append(MethodRun(m, runner.measure(spec), ds, est))
     return out
@@ -462,6 +463,28 @@ def adapter_effect(model, probe) -> float:
         with model.disable_adapter():
             off = model(input_ids=probe.to(model.device)).logits.float()
     return (on - off).abs().max().item()
+
+
+#: How far the reloaded model's logits may stray from the trained one's: fp32 weights, and half
+#: precision ones (rounding in the last bits).
+RELOAD_TOL = {"fp32": 1e-3, "half": 2e-2}
+
+
+def reload_claims(folder: str | Path, trained, reloaded, probe, precision: str | None
+                  ) -> list[claims.Claim]:
+    """The saved adapter's tensors (:func:`adapter_claims`); the reloaded model gives the trained
+    one's logits (within :data:`RELOAD_TOL`); and its adapters change the base model's logits by
+    more than that (:func:`adapter_effect`): untrained adapters would pass the reload check too."""
+    from helpers.lessons import zero2_training
+
+    tol = RELOAD_TOL["fp32" if precision in (None, "fp32") else "half"]
+    diff = zero2_training.logit_difference(trained, reloaded, probe)
+    effect = adapter_effect(reloaded, probe)
+    return adapter_claims(folder) + [
+        (f"the reloaded adapter gives the trained model's logits (largest difference {diff:.2e}, "
+         f"tolerance {tol:g})", diff <= tol),
+        (f"the reloaded adapter changes the base model's logits (by up to {effect:.2e}): it "
+         "trained", effect > tol)]
 
 
 def adapter_claims(folder: str | Path) -> list[claims.Claim]:
