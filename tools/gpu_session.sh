@@ -3,9 +3,10 @@
 # inside its limit and the next follow within 30 s: tools/gpu_record_run.sh says why).
 #   source .whl/install-on-gpu.sh; bash tools/gpu_session.sh start JOB...
 #     JOB: context (the CUDA context, measured first on the idle GPU), finetune (notebook 06's
-#     fine-tune part), nbval-a (01-04, 07), nbval-05, nbval-08, nbval-09, nbval-06 (KIT_LADDER_HEADLINE cuts
-#     the ladder), rungs (tools/gpu_nvme_rung.py for each SHAPE:WEIGHTS of KIT_RUNGS, one after
-#     another, each on its own NVMe folder)
+#     fine-tune part; after the job KIT_FT_AFTER names, if set), nbval-a (01-04, 07),
+#     nbval-NN[-NN...] (those notebooks; 06: KIT_LADDER_HEADLINE cuts the ladder), rungs
+#     (tools/gpu_nvme_rung.py for each SHAPE:WEIGHTS of KIT_RUNGS, one after another, each on its
+#     own NVMe folder)
 #   bash tools/gpu_session.sh wait SECONDS    # until "all done"; logs land in $OUT
 set -u
 # DeepSpeed's ops where every run of the kit looks for them (helpers/__init__.py's default): built
@@ -33,14 +34,14 @@ start)
   wait; echo "ops built in $((SECONDS - t)) s"; grep -h -i "error" $W/build_*.log | head -5
   for name in "${@:2}"; do
     case $name in
-      finetune) job finetune "/usr/bin/time -v python3 tools/gpu_finetune.py --out $W/ft ${KIT_FT_ARGS:-}" ;;
+      finetune) job finetune "${KIT_FT_AFTER:+while [ ! -e $W/$KIT_FT_AFTER.done ]; do sleep 5; done;} \
+        /usr/bin/time -v python3 tools/gpu_finetune.py --out $W/ft ${KIT_FT_ARGS:-}" ;;
       nbval-a) job nbval-a "$(nbval notebooks/01_gpu_check_and_install.ipynb notebooks/02_ds_report.ipynb \
         notebooks/03_config_builder.ipynb notebooks/04_zero2_training.ipynb \
         notebooks/07_engine_and_accelerate.ipynb)" ;;
-      nbval-05) job nbval-05 "$(nbval notebooks/05_stages_and_offload.ipynb)" ;;
-      nbval-08) job nbval-08 "$(nbval notebooks/08_beyond_data_parallelism.ipynb)" ;;
-      nbval-09) job nbval-09 "$(nbval notebooks/09_zero_or_lora.ipynb)" ;;
-      nbval-06) job nbval-06 "$(nbval notebooks/06_biggest_model_on_a_t4.ipynb)" ;;
+      nbval-*) nbs=""; for n in $(echo ${name#nbval-} | tr '-' ' '); do
+          nbs="$nbs $(ls notebooks/${n}_*.ipynb)"; done
+        job $name "$(nbval $nbs)" ;;
       rungs) job rungs "for r in ${KIT_RUNGS:-}; do python3 tools/gpu_nvme_rung.py \${r%%:*} \${r##*:}; done" ;;
     esac
   done ;;
