@@ -120,3 +120,45 @@ def test_the_torchrun_command_starts_the_script_in_n_processes(tmp_path):
     command = launch.torchrun_command(tmp_path / "train.py", 2, 29511)
     assert "torchrun --nproc-per-node 2 --master-port 29511 " in command
     assert command.endswith(f"{tmp_path}/train.py")
+
+
+# ---- notebook 04's train.py: the Trainer under both launchers ------------------------------------
+FIRST = {1: 6.0, 2: 5.5, 3: 5.0, 4: 4.6}
+
+
+def _trainer_run(name, code=0, losses=(6.0, 5.5, 5.0, 4.6)):
+    return launch.Launched(name, code, list(losses), 1.0, "")
+
+
+@pytest.mark.parametrize("processes, runs", [
+    (1, [_trainer_run("deepspeed", code=1), _trainer_run("accelerate launch")]),
+    (1, [_trainer_run("deepspeed"), _trainer_run("accelerate launch", losses=(6.0, 5.5, 5.0, 4.9))]),
+    (1, [_trainer_run("deepspeed"), _trainer_run("accelerate launch", losses=(6.0, 5.5, 5.0))]),
+    (1, [_trainer_run("deepspeed")]),
+    (1, [_trainer_run("deepspeed"), _trainer_run("accelerate launch", losses=())]),
+    (2, [_trainer_run("deepspeed"), _trainer_run("accelerate launch", losses=(6.0, 6.1, 6.2, 6.3))]),
+    (2, [_trainer_run("deepspeed"), _trainer_run("accelerate launch", losses=(6.0, 5.0, 4.0))]),
+])
+def test_a_bad_trainer_launch_fails_notebook_04s_claims(processes, runs):
+    from helpers.lessons import zero2_training
+
+    assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", processes))
+
+
+@pytest.mark.parametrize("processes, other", [(1, (6.0, 5.5, 5.0, 4.6)), (2, (6.2, 5.1, 4.4, 4.0))])
+def test_a_good_trainer_launch_passes_notebook_04s_claims(processes, other):
+    """One process: the notebook's losses; two ranks: other batches, a loss that falls."""
+    from helpers.lessons import zero2_training
+
+    runs = [_trainer_run("deepspeed", losses=other), _trainer_run("accelerate launch", losses=other)]
+    assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", processes)) == []
+
+
+def test_notebook_04s_train_py_is_its_parameters_and_lesson_cells(tmp_path):
+    from helpers.lessons import zero2_training
+
+    script = zero2_training.write_train_script(tmp_path, {"MODEL_NAME": "/m", "OUT_DIR": "/o"})
+    text = script.read_text()
+    assert "trainer.train()" in text and "OUT_DIR = '/o'" in text
+    assert text.index("OUT_DIR = '/o'") < text.index("trainer.train()")
+    assert "wait_for_everyone" in text  # rank 0 writes the tokenizer, the others wait

@@ -1,6 +1,7 @@
 """Notebook 04, ZeRO-2 training: the Hugging Face Trainer and DeepSpeed inside a notebook (no
 launcher), with a callback that records every step, saving in Hugging Face format, reloading, and
-resuming; and what each ZeRO stage partitions, drawn for your model (the last section).
+resuming; train.py, the lesson cells under the deepspeed launcher and ``accelerate launch``; and
+what each ZeRO stage partitions, drawn for your model (the last section).
 """
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from helpers import claims, config, memory, show
+from helpers import claims, config, launch, memory, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
@@ -325,6 +328,58 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
             ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     model.train(was_training)
     return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
+
+
+# ---- train.py: the lesson cells as the script a launcher starts -------------------------------------
+#: The export, the commands and the reading of a launched run are helpers.launch's (notebook 07's
+#: too). One process trains on the notebook's batches: its losses are the notebook's. Under N ranks
+#: the Trainer gives each rank its own share of the blocks (a DistributedSampler) and averages the
+#: ranks' losses: another run, which must still train (the kit's falling-loss rule).
+
+#: This notebook, where the kit keeps it (on Colab too: the setup cell clones the repository).
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_zero2_training.ipynb"
+
+
+def write_train_script(folder: str | os.PathLike, values: dict[str, object]) -> Path:
+    """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells."""
+    return launch.write_train_script(folder, values, NOTEBOOK)
+
+
+def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
+             seconds: float) -> launch.Launched:
+    """What one launch left: its exit code and the Trainer losses in its log."""
+    return launch.launched(launcher, returncode, log_file, seconds, "trainer")
+
+
+def launch_tolerance(precision: str) -> float:
+    """Relative tolerance between two runs of the same Trainer on the same batches (the resume's)."""
+    return 1e-3 if precision == "fp32" else 2e-2
+
+
+def launch_claims(runs: Sequence[launch.Launched], first_losses: dict[int, float], precision: str,
+                  processes: int) -> list[claims.Claim]:
+    """Each able to fail: both launchers ran and exited 0 with ``len(first_losses)`` losses; one
+    process: the notebook's losses step by step within :func:`launch_tolerance`; more ranks: a
+    loss that falls by the kit's rule."""
+    reference = [first_losses[step] for step in sorted(first_losses)]
+    tol = launch_tolerance(precision)
+
+    def matches(label: str, losses: list[float]) -> claims.Claim:
+        if processes > 1:
+            return (f"{label} on {processes} ranks (each its own share of the blocks): the loss "
+                    "fell", claims.loss_falls(losses))
+        pairs = list(zip(losses, reference))
+        worst = max((claims.relative_difference(a, b) for a, b in pairs), default=None)
+        shown = "nothing to compare" if worst is None else f"largest difference {worst:.1e}"
+        return (f"{label}: the notebook's Trainer losses within {tol:g} ({shown})",
+                bool(pairs) and claims.every(claims.within(a, b, tol) for a, b in pairs))
+
+    return launch.launch_claims(runs, len(reference), matches)
+
+
+def launch_table(runs: Sequence[launch.Launched]) -> Table:
+    """One row per launcher: exit code, time, the Trainer's first and last loss."""
+    return launch.launch_table(runs, "Trainer")
 
 
 # ---- what each ZeRO stage partitions, drawn for your model ---------------------------------------
