@@ -12,11 +12,13 @@ from helpers import env
 
 def run_probe(code: str, *args: str, timeout: int = 900) -> dict:
     """Run a probe script in a fresh process (from the repository's root) and return the JSON of
-    its ``RESULT`` line; no such line fails the test with the probe's output."""
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=str(env.REPO_ROOT))
+    its ``RESULT`` line; no such line fails the test with the probe's exit code and output (with
+    Python's traceback of every thread, should the probe crash in C code)."""
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code, *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(env.REPO_ROOT))
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    assert line, (f"the probe exited {done.returncode} with no RESULT line:\n"
+                  + done.stdout[-2000:] + done.stderr[-3000:])
     return json.loads(line[len("RESULT "):])
 
 # One fresh process: partition a tiny model with zero.Init(dtype=float32) while the accelerator is
