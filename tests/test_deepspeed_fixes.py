@@ -363,3 +363,51 @@ def test_with_the_fix_zenflow_s_full_updates_are_plain_offloads_steps(zenflow_ru
     # right, after every step too, that is plain CPU offload, loss for loss.
     warm, plain = zenflow_runs["warm"], zenflow_runs["plain"]
     assert warm["losses"] == pytest.approx(plain["losses"], rel=ZENFLOW_WARM_RTOL)
+
+
+# One fresh process, fp16 on the CPU (the accelerator made to answer fp16 = True): GPT-2 tiny, one
+# step from the same weights and batch under stage 0 without the fix, stage 2, then stage 0 with
+# the fix; the gradient norm each engine reports, the loss scale, and the loss after the step.
+STAGE0_FP16_PROBE = r"""
+import json, os, torch, torch.distributed as dist
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+from helpers import deepspeed_fixes, models
+get_accelerator().is_fp16_supported = lambda: True
+ids = torch.randint(0, 100, (4, 32), generator=torch.Generator().manual_seed(1))
+out = {}
+for name, stage in (("stage 0", 0), ("stage 2", 2), ("stage 0 fixed", 0)):
+    if name == "stage 0 fixed":
+        deepspeed_fixes.fix_stage0_fp16_loss_scale()
+    model = models.build_model(models.model_config("tiny"), seed=0)
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
+          "fp16": {"enabled": True, "initial_scale_power": 12},
+          "zero_optimization": {"stage": stage}, "steps_per_print": 10**9}
+    engine = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)[0]
+    returned = engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    out[name] = {"norm": float(engine.get_global_grad_norm()), "returned": float(returned),
+                 "scale": float(engine.optimizer.loss_scale),
+                 "after": engine(input_ids=ids, labels=ids).loss.item()}
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_stage_0_in_fp16_sees_gradients_a_loss_scale_too_small_and_the_fix_scales_the_loss():
+    """DeepSpeed 0.19.8 scales the loss only for ZeRO's optimizers, while stage 0's FP16_Optimizer
+    divides the gradients by the loss scale all the same: its gradient norm reads 1/4,096 of stage
+    2's from the same weights and batch. With the fix both read alike, and backward still returns
+    the unscaled loss. When DeepSpeed fixes it (pull request 8393) the first check fails: drop the
+    workaround. (One step moves the loss less under stage 0 than under stage 2 with or without the
+    fix, here 0.21 and 0.22 against 0.27: a second difference, not explained yet, that notebooks 05
+    and 09 allow for when they compare stage 0's losses with ZeRO's in fp16.)"""
+    runs = run_probe(STAGE0_FP16_PROBE, timeout=600)
+    broken, zero2, fixed = runs["stage 0"], runs["stage 2"], runs["stage 0 fixed"]
+    assert broken["scale"] == zero2["scale"] == fixed["scale"] == 4096.0
+    assert abs(broken["norm"] * broken["scale"] / zero2["norm"] - 1) < 0.01  # the bug
+    assert abs(fixed["norm"] / zero2["norm"] - 1) < 0.01
+    assert fixed["returned"] == zero2["returned"] == broken["returned"]  # the loss, unscaled
+    assert fixed["after"] < fixed["returned"]  # and the step trained
