@@ -208,18 +208,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 
         keep_alive = HfDeepSpeedConfig(config)
     enter("model built")
-    if spec.model_path:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        torch.manual_seed(spec.seed)
-        model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path),
-                            AutoTokenizer.from_pretrained(spec.model_path))
-    else:
-        model, tokenizer = models.build_model(model_config, seed=spec.seed), models.ByteTokenizer()
-    if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
-        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-    if spec.lora:
-        model = with_lora(model, spec.lora, spec.grad_ckpt)
+    model, tokenizer = prepared_model(spec, model_config)
     enter("deepspeed.initialize")
     trained = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
@@ -262,6 +251,34 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
         result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
     del keep_alive
+
+
+def prepared_model(spec: RunSpec, model_config=None):
+    """(model, tokenizer) as a run trains them: ``spec.model_path``'s from_pretrained folder, or
+    ``spec.shape`` built from ``model_config``; in training mode (from_pretrained returns one in
+    evaluation mode, where transformers skips activation checkpointing and dropout: GPU_RUNS.md
+    run 23, notebook 09's runs peaked at the estimator's figures without checkpointing, LoRA at
+    4.56 GiB against 1.95), checkpointing on where ``spec.grad_ckpt`` asks, LoRA's adapters where
+    ``spec.lora`` does."""
+    import torch
+
+    from helpers import models
+
+    if spec.model_path:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(spec.seed)
+        model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path),
+                            AutoTokenizer.from_pretrained(spec.model_path))
+    else:
+        model_config = model_config or models.model_config(spec.shape, spec.vocab_size)
+        model, tokenizer = models.build_model(model_config, seed=spec.seed), models.ByteTokenizer()
+    model.train()
+    if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    if spec.lora:
+        model = with_lora(model, spec.lora, spec.grad_ckpt)
+    return model, tokenizer
 
 
 def with_lora(model, lora: dict, grad_ckpt: bool = False):

@@ -225,3 +225,21 @@ def test_a_spec_that_disagrees_with_its_config_is_refused():
         runner.RunSpec(ds_config=ds, micro_batch=4)
     assert runner.RunSpec(ds_config=ds, micro_batch=4, world_size=2).world_size == 2
     runner.RunSpec(ds_config=config.build(stage=2, trainer=True), micro_batch=3)  # "auto" says nothing
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])
+def test_a_run_trains_a_from_pretrained_model_in_training_mode_with_checkpointing(tmp_path, lora):
+    """from_pretrained returns a model in evaluation mode, where transformers skips activation
+    checkpointing: a run of a model folder (notebook 09's) must train it as the Trainer does."""
+    from helpers import models
+
+    folder = models.save_offline_model(tmp_path / "model", "tiny")
+    ds = config.build(stage=0, **CPU_FP32)
+    model, _ = runner.prepared_model(runner.RunSpec(ds_config=ds, model_path=str(folder),
+                                                    grad_ckpt=True, lora=lora))
+    base = model.get_base_model() if lora else model
+    checkpointing = getattr(base, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers 4's name
+        checkpointing = base.is_gradient_checkpointing
+    assert model.training and base.training and checkpointing
+    assert all(m.training for m in base.modules())
