@@ -170,7 +170,8 @@ def test_fp16_master_weights_are_refused_below_stage_1():
 
 
 @pytest.mark.parametrize("bad", ["lora trains everything", "no eval loss", "stage 0 broke",
-                                 "offload parted", "fp16 masters diverged",
+                                 "offload parted", "fp16 masters parted early",
+                                 "fp16 masters ended worse",
                                  "an error without a message", "pinned offload crashed"])
 def test_each_bad_run_fails_a_check(bad, cpu):
     runs = _good_runs()
@@ -182,8 +183,10 @@ def test_each_bad_run_fails_a_check(bad, cpu):
         runs[1] = _run(lesson.FULL, [], status=runner.ERROR)
     elif bad == "offload parted":
         runs[2].result.losses = [6.0, 5.5, 5.3, 4.8, 4.6, 4.5]
-    elif bad == "fp16 masters diverged":
-        runs[6].result.losses = [6.0, 5.9, 5.9, 5.8, 5.7, 5.6]
+    elif bad == "fp16 masters parted early":
+        runs[6].result.losses = [6.0, 6.2, 5.1, 4.8, 4.6, 4.5]
+    elif bad == "fp16 masters ended worse":
+        runs[6].result.eval_loss = 4.5
     elif bad == "pinned offload crashed":  # an error with a message explains nothing here
         runs[3] = _run(lesson.PINNED, [], status=runner.ERROR)
         runs[3].result.message = "RuntimeError: something broke"
@@ -191,6 +194,51 @@ def test_each_bad_run_fails_a_check(bad, cpu):
         runs[3] = _run(lesson.PINNED, [], status=runner.ERROR)
         runs[3].result.message = ""
     assert _failed(runs, cpu), bad
+
+
+@pytest.fixture
+def fp16(cpu):
+    """The CPU's environment as a T4's would read: fp16 (notebook 05's 10% tolerance)."""
+    import dataclasses
+
+    return dataclasses.replace(cpu, precision="fp16")
+
+
+def test_in_fp16_plain_offload_follows_stage_0_over_the_runs_first_third(fp16):
+    runs = _good_runs()
+    runs[2].result.losses = [6.0, 5.6, 4.0, 3.5, 3.2, 3.0]  # parts from stage 0 after the first third
+    runs[4].result.losses = list(runs[2].result.losses)  # partial offload follows plain offload
+    assert _failed(runs, fp16) == []
+    runs[2].result.losses = [6.0, 6.2, 5.1, 4.8, 4.6, 4.5]  # parted at once
+    assert any(lesson.UNPINNED in s and lesson.FULL in s for s in _failed(runs, fp16))
+
+
+def test_partial_and_pinned_offload_follow_plain_offload_every_step(fp16):
+    runs = _good_runs()
+    runs[4].result.losses = [6.0, 5.5, 5.1, 4.8, 4.6, 3.9]  # partial offload parts at the end
+    assert any(lesson.PARTIAL in s for s in _failed(runs, fp16))
+
+
+def test_zenflow_gone_nan_in_fp16_is_a_row_saying_so_and_still_checked_at_its_first_loss(fp16, cpu):
+    nan = float("nan")
+    ds16, ds32 = {"fp16": {"enabled": True}}, {}
+    zen = lesson.method(lesson.ZENFLOW_NAME)
+    went = _run(lesson.ZENFLOW_NAME, [6.0] + [nan] * 5).result
+    went.skipped_steps = 5
+    row = lesson.diverged_in_fp16(zen, went, ds16)
+    assert row.status == lesson.DIVERGED_FP16 and "step 2" in row.message and "5 steps" in row.message
+    runs = _good_runs()
+    runs[5] = lesson.MethodRun(zen, row, ds16)
+    assert _failed(runs, fp16) == []
+    runs[5].result.losses = [6.3] + [nan] * 5  # and its weights moved at initialize
+    assert any(lesson.ZENFLOW_NAME in s for s in _failed(runs, fp16))
+    # in fp32, or for a method DeepSpeed never refuses, a non-finite loss stays a failed run
+    assert lesson.diverged_in_fp16(zen, went, ds32) is went
+    full = _run(lesson.FULL, [6.0] + [nan] * 5).result
+    assert lesson.diverged_in_fp16(lesson.method(lesson.FULL), full, ds16) is full
+    runs = _good_runs()
+    runs[5] = lesson.MethodRun(zen, went, ds32)
+    assert any(lesson.ZENFLOW_NAME in s for s in _failed(runs, cpu))
 
 
 def test_a_refusal_of_zenflow_is_a_row_with_deepspeeds_words_not_a_failure(cpu):
