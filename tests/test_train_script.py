@@ -154,6 +154,22 @@ def test_a_good_trainer_launch_passes_notebook_04s_claims(processes, other):
     assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", processes)) == []
 
 
+@pytest.mark.parametrize("losses, held", [
+    ((6.0, 5.6, 5.1, 4.7), True),    # parted mid-run by 2%, ends within 5%
+    ((6.0, 5.5, 5.0, 4.8), True),    # ends 4.3% higher
+    ((6.1, 5.5, 5.0, 4.6), False),   # another first loss: other weights or another batch
+    ((6.0, 5.5, 5.2, 5.0), False),   # ends 8.7% higher
+    ((6.0, 6.5, 5.0, 4.6), False),   # rose above its first loss
+])
+def test_one_fp16_process_holds_the_first_loss_and_the_end(losses, held):
+    """In fp16 a launched process must start where the notebook did and end near it."""
+    from helpers.lessons import zero2_training
+
+    runs = [_trainer_run("deepspeed", losses=losses), _trainer_run("accelerate launch", losses=losses)]
+    failed = claims.failed(zero2_training.launch_claims(runs, FIRST, "fp16", 1))
+    assert (failed == []) == held, failed
+
+
 def test_notebook_04s_train_py_is_its_parameters_and_lesson_cells(tmp_path):
     from helpers.lessons import zero2_training
 

@@ -21,7 +21,11 @@ job() {  # name, command: in the background, its own log, KIT_BENCH_LOG and NVMe
     "$*; echo rc=\$? > $W/$name.done" > $W/job_$name.log 2>&1 < /dev/null &
   echo "$name" >> $W/jobs
 }
-nbval() { echo "python3 -m pytest -q -p no:cacheprovider --durations=0 -n 0 $*"; }
+# one pytest per notebook, one after another: each prints its failures as soon as it ends (one
+# pytest over several printed them only at the very end, which run 23 never reached)
+nbval() { local out="fail=0;" nb; for nb in "$@"; do
+  out="$out python3 -m pytest -q -p no:cacheprovider --durations=10 -n 0 $nb || fail=1;"; done
+  echo "$out test \$fail = 0"; }
 case "$1" in
 start)
   mkdir -p $W; rm -f $W/jobs $W/*.done
