@@ -204,12 +204,13 @@ def fp16(cpu):
     return dataclasses.replace(cpu, precision="fp16")
 
 
-def test_in_fp16_plain_offload_follows_stage_0_over_the_runs_first_third(fp16):
+def test_in_fp16_plain_offload_follows_stage_0_within_notebook_05s_tolerance(fp16):
     runs = _good_runs()
-    runs[2].result.losses = [6.0, 5.6, 4.0, 3.5, 3.2, 3.0]  # parts from stage 0 after the first third
+    runs[2].result.losses = [6.0, 5.6, 5.2, 4.9, 4.7, 4.6]  # 2% apart at every step
     runs[4].result.losses = list(runs[2].result.losses)  # partial offload follows plain offload
     assert _failed(runs, fp16) == []
-    runs[2].result.losses = [6.0, 6.2, 5.1, 4.8, 4.6, 4.5]  # parted at once
+    runs[2].result.losses = [6.0, 5.6, 5.2, 4.9, 4.7, 4.0]  # parts at the end (11%)
+    runs[4].result.losses = list(runs[2].result.losses)
     assert any(lesson.UNPINNED in s and lesson.FULL in s for s in _failed(runs, fp16))
 
 
