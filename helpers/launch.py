@@ -38,25 +38,60 @@ def tagged_cells(notebook: Path, tag: str) -> list[str]:
             if c["cell_type"] == "code" and tag in c.get("metadata", {}).get("tags", [])]
 
 
-def lesson_script(notebook: Path, values: Mapping[str, object]) -> str:
+#: How alike (difflib's ratio, 0 to 1) a cell the kernel ran must be to a lesson cell to count as
+#: that cell, edited: a few changed lines keep a cell near 0.9; another lesson cell is far below.
+EDITED_MIN_RATIO = 0.6
+
+
+def kernel_history() -> list[str]:
+    """The sources this IPython kernel ran, oldest first (``In``); [] outside a kernel."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return []
+    shell = get_ipython()
+    return [] if shell is None else [s for s in shell.user_ns.get("In", [])[1:] if s.strip()]
+
+
+def as_last_run(cells: Sequence[str], history: Sequence[str]) -> list[str]:
+    """Each of ``cells`` as the kernel last ran it: the latest source in ``history`` that is
+    more like this cell than like any other (and at least :data:`EDITED_MIN_RATIO` alike);
+    the cell's own source where the kernel ran none of it. So a learner's edits reach train.py,
+    even on Colab, where the notebook file beside the kit is not the one being edited."""
+    from difflib import SequenceMatcher
+
+    out = list(cells)
+    taken = [False] * len(cells)
+    for ran in reversed(history):  # the latest run of each cell wins
+        ratios = [SequenceMatcher(None, cell, ran).ratio() for cell in cells]
+        best = max(range(len(cells)), key=ratios.__getitem__, default=None)
+        if best is not None and not taken[best] and ratios[best] >= EDITED_MIN_RATIO:
+            out[best], taken[best] = ran.rstrip("\n"), True
+    return out
+
+
+def lesson_script(notebook: Path, values: Mapping[str, object],
+                  history: Sequence[str] = ()) -> str:
     """The parameters cell, then ``NAME = value`` for each of ``values`` (after it, as papermill
-    injects parameters), then the lesson cells, in order: the notebook's lesson as one script."""
+    injects parameters), then the lesson cells, in order (as the kernel last ran them, where
+    ``history`` holds its sources: :func:`as_last_run`): the notebook's lesson as one script."""
     params = tagged_cells(notebook, "parameters")
     if len(params) != 1:
         raise ValueError(f"{Path(notebook).name}: expected one parameters cell, "
                          f"found {len(params)}")
     assigned = "\n".join(f"{name} = {value!r}" for name, value in values.items())
     parts = [params[0], "# The values the notebook resolved\n" + assigned,
-             *tagged_cells(notebook, "lesson")]
+             *as_last_run(tagged_cells(notebook, "lesson"), history)]
     return "\n\n\n".join(f"# %% [{i}]\n{part}" for i, part in enumerate(parts)) + "\n"
 
 
 def write_train_script(folder: str | os.PathLike, values: Mapping[str, object],
-                       notebook: Path) -> Path:
-    """``folder``/train.py: :func:`lesson_script` of ``notebook``."""
+                       notebook: Path, history: Sequence[str] = ()) -> Path:
+    """``folder``/train.py: :func:`lesson_script` of ``notebook`` (``history``: the kernel's, so
+    that edited lesson cells go in as last run)."""
     path = Path(folder) / "train.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(lesson_script(notebook, values))
+    path.write_text(lesson_script(notebook, values, history))
     return path
 
 

@@ -178,3 +178,48 @@ def test_notebook_04s_train_py_is_its_parameters_and_lesson_cells(tmp_path):
     assert "trainer.train()" in text and "OUT_DIR = '/o'" in text
     assert text.index("OUT_DIR = '/o'") < text.index("trainer.train()")
     assert "wait_for_everyone" in text  # rank 0 writes the tokenizer, the others wait
+
+
+# ---- train.py takes the lesson cells as the kernel last ran them ---------------------------------
+LESSON_CELLS = ["# Your code: train.\ntrainer.train()\nprint('trainer losses:', losses)",
+                "# Your code: save, then reload.\nSAVE_DIR = f'{OUT_DIR}/final'\n"
+                "trainer.save_model(SAVE_DIR)\nreloaded = load(SAVE_DIR)"]
+
+
+def test_an_edited_lesson_cell_goes_into_train_py_as_last_run():
+    edited = LESSON_CELLS[0].replace("trainer.train()", "trainer.train(resume_from_checkpoint=True)")
+    history = ["import os", LESSON_CELLS[0], "print(1)", LESSON_CELLS[1], edited]
+    assert launch.as_last_run(LESSON_CELLS, history) == [edited, LESSON_CELLS[1]]
+    later = edited.replace("losses)", "losses[-3:])")
+    assert launch.as_last_run(LESSON_CELLS, [*history, later])[0] == later  # the latest run wins
+
+
+def test_cells_the_kernel_never_ran_or_ran_unlike_stay_as_the_notebook_has_them():
+    assert launch.as_last_run(LESSON_CELLS, []) == LESSON_CELLS
+    unlike = ["import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()", "x = 1"]
+    assert launch.as_last_run(LESSON_CELLS, unlike) == LESSON_CELLS
+    # one run is one cell's: the save cell's run does not also stand in for the train cell
+    assert launch.as_last_run(LESSON_CELLS, [LESSON_CELLS[1]]) == LESSON_CELLS
+
+
+def test_the_kernel_history_is_in_outside_ipython_nothing(monkeypatch):
+    import IPython
+
+    assert launch.kernel_history() == []  # pytest runs no IPython kernel
+
+    class Shell:
+        user_ns = {"In": ["", "import os", "   ", LESSON_CELLS[0]]}
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    assert launch.kernel_history() == ["import os", LESSON_CELLS[0]]
+
+
+def test_notebook_04s_train_py_holds_an_edit_made_in_the_kernel(tmp_path, monkeypatch):
+    from helpers.lessons import zero2_training
+
+    train_cell = next(c for c in launch.tagged_cells(zero2_training.NOTEBOOK, "lesson")
+                      if "trainer.train()" in c)
+    edited = train_cell.replace("trainer.train()", "trainer.train()  # my run")
+    monkeypatch.setattr(launch, "kernel_history", lambda: [train_cell, edited])
+    text = zero2_training.write_train_script(tmp_path, {"OUT_DIR": "/o"}).read_text()
+    assert "trainer.train()  # my run" in text and text.count("trainer.train()\n") == 0

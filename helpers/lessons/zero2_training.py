@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,9 +340,10 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_zero2_training.ipynb"
 
 
-def write_train_script(folder: str | os.PathLike, values: dict[str, object]) -> Path:
-    """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells."""
-    return launch.write_train_script(folder, values, NOTEBOOK)
+def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) -> Path:
+    """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells as this
+    kernel last ran them (a learner's edits included: helpers.launch.as_last_run)."""
+    return launch.write_train_script(folder, values, NOTEBOOK, launch.kernel_history())
 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
