@@ -53,21 +53,42 @@ def kernel_history() -> list[str]:
     return [] if shell is None else [s for s in shell.user_ns.get("In", [])[1:] if s.strip()]
 
 
-def as_last_run(cells: Sequence[str], history: Sequence[str]) -> list[str]:
-    """Each of ``cells`` as the kernel last ran it: the latest source in ``history`` that is
-    more like this cell than like any other (and at least :data:`EDITED_MIN_RATIO` alike);
-    the cell's own source where the kernel ran none of it. So a learner's edits reach train.py,
-    even on Colab, where the notebook file beside the kit is not the one being edited."""
-    from difflib import SequenceMatcher
-
-    out = list(cells)
+def as_last_run(cells: Sequence[str], history: Sequence[str],
+                others: Sequence[str] = ()) -> list[str]:
+    """Each of ``cells`` as the kernel last ran it: the latest source in ``history`` that is more
+    like this cell than like any other of ``cells`` and ``others`` (the notebook's other code
+    cells: a cell that copies a lesson with a change of its own stays itself) and at least
+    :data:`EDITED_MIN_RATIO` alike; the cell's own source where the kernel ran none of it. So a
+    learner's edits reach train.py, even on Colab, where the notebook file beside the kit is not
+    the one being edited."""
+    out, pool = list(cells), [*cells, *others]
     taken = [False] * len(cells)
     for ran in reversed(history):  # the latest run of each cell wins
-        ratios = [SequenceMatcher(None, cell, ran).ratio() for cell in cells]
-        best = max(range(len(cells)), key=ratios.__getitem__, default=None)
-        if best is not None and not taken[best] and ratios[best] >= EDITED_MIN_RATIO:
+        ratios = [_likeness(cell, ran) for cell in pool]
+        best = max(range(len(pool)), key=ratios.__getitem__, default=None)
+        if (best is not None and best < len(cells) and not taken[best]
+                and ratios[best] >= EDITED_MIN_RATIO):
             out[best], taken[best] = ran.rstrip("\n"), True
     return out
+
+
+def _likeness(cell: str, ran: str) -> float:
+    """How alike two sources are, 0 to 1: difflib's ratio over their lines (fast; one line
+    changed in ten keeps 0.9), or over their characters where both are short (a two-line cell
+    with one line changed keeps more than half of its characters, not of its lines)."""
+    from difflib import SequenceMatcher
+
+    lines = SequenceMatcher(None, cell.splitlines(), ran.splitlines(), autojunk=False).ratio()
+    if lines >= EDITED_MIN_RATIO or max(len(cell), len(ran)) > 600:
+        return lines
+    return SequenceMatcher(None, cell, ran, autojunk=False).ratio()
+
+
+def _untagged_code(notebook: Path) -> list[str]:
+    """The source of every code cell of ``notebook`` tagged neither lesson nor parameters."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"
+            and not {"lesson", "parameters"} & set(c.get("metadata", {}).get("tags", []))]
 
 
 def lesson_script(notebook: Path, values: Mapping[str, object],
@@ -81,7 +102,7 @@ def lesson_script(notebook: Path, values: Mapping[str, object],
                          f"found {len(params)}")
     assigned = "\n".join(f"{name} = {value!r}" for name, value in values.items())
     parts = [params[0], "# The values the notebook resolved\n" + assigned,
-             *as_last_run(tagged_cells(notebook, "lesson"), history)]
+             *as_last_run(tagged_cells(notebook, "lesson"), history, _untagged_code(notebook))]
     return "\n\n\n".join(f"# %% [{i}]\n{part}" for i, part in enumerate(parts)) + "\n"
 
 

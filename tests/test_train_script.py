@@ -223,3 +223,34 @@ def test_notebook_04s_train_py_holds_an_edit_made_in_the_kernel(tmp_path, monkey
     monkeypatch.setattr(launch, "kernel_history", lambda: [train_cell, edited])
     text = zero2_training.write_train_script(tmp_path, {"OUT_DIR": "/o"}).read_text()
     assert "trainer.train()  # my run" in text and text.count("trainer.train()\n") == 0
+
+
+def test_a_cell_that_copies_a_lesson_with_a_change_of_its_own_stays_itself():
+    """Notebook 07 runs the Trainer again without loss_type to measure what that costs: that cell
+    is the notebook's own, not an edit of the lesson's Trainer cell."""
+    variant = LESSON_CELLS[0].replace("print('trainer losses:', losses)", "first = losses[0]")
+    assert launch.as_last_run(LESSON_CELLS, [LESSON_CELLS[0], variant]) == [variant,
+                                                                            LESSON_CELLS[1]]
+    assert launch.as_last_run(LESSON_CELLS, [LESSON_CELLS[0], variant],
+                              others=[variant]) == LESSON_CELLS
+
+
+@pytest.mark.parametrize("name", ["04_zero2_training", "07_engine_and_accelerate"])
+def test_a_kernel_that_ran_every_cell_as_written_exports_the_notebooks_lesson(name):
+    """What nbval's kernel holds after a run: every code cell, in order, unedited (twice, as after
+    a re-run). train.py must then be the notebook's own lesson, cell for cell."""
+    import json
+
+    from tools import nbtool
+
+    path = nbtool.NOTEBOOKS / f"{name}.ipynb"
+    code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+            if c["cell_type"] == "code"]
+    assert launch.lesson_script(path, {}, [*code, *code]) == launch.lesson_script(path, {})
+
+
+def test_a_short_cell_with_one_of_its_two_lines_edited_is_still_that_cell():
+    short = "# ... continue from the checkpoint.\nresumed.train(resume_from_checkpoint=CKPT)"
+    edited = short.replace("CKPT)", "CKPT, trial=None)")
+    assert launch.as_last_run([short, LESSON_CELLS[1]], [short, edited]) == [edited,
+                                                                             LESSON_CELLS[1]]
