@@ -60,10 +60,13 @@ def as_last_run(cells: Sequence[str], history: Sequence[str],
     cells: a cell that copies a lesson with a change of its own stays itself) and at least
     :data:`EDITED_MIN_RATIO` alike; the cell's own source where the kernel ran none of it. So a
     learner's edits reach train.py, even on Colab, where the notebook file beside the kit is not
-    the one being edited."""
+    the one being edited. A run with IPython magics (``%time``, ``!ls``: ``get_ipython()`` calls
+    in ``In``) counts for no cell, since a launched script has no IPython."""
     out, pool = list(cells), [*cells, *others]
     taken = [False] * len(cells)
     for ran in reversed(history):  # the latest run of each cell wins
+        if "get_ipython()" in ran:  # a magic (% or !), as In holds it: no script can run it
+            continue
         ratios = [_likeness(cell, ran) for cell in pool]
         best = max(range(len(pool)), key=ratios.__getitem__, default=None)
         if (best is not None and best < len(cells) and not taken[best]

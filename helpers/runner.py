@@ -271,7 +271,8 @@ def prepared_model(spec: RunSpec, model_config=None):
         model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path),
                             AutoTokenizer.from_pretrained(spec.model_path))
     else:
-        model_config = model_config or models.model_config(spec.shape, spec.vocab_size)
+        model_config = model_config or models.model_config(
+            spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
         model, tokenizer = models.build_model(model_config, seed=spec.seed), models.ByteTokenizer()
     model.train()
     if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)

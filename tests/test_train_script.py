@@ -254,3 +254,10 @@ def test_a_short_cell_with_one_of_its_two_lines_edited_is_still_that_cell():
     edited = short.replace("CKPT)", "CKPT, trial=None)")
     assert launch.as_last_run([short, LESSON_CELLS[1]], [short, edited]) == [edited,
                                                                              LESSON_CELLS[1]]
+
+
+def test_an_edit_with_an_ipython_magic_stays_out_of_train_py():
+    """In holds a magic as get_ipython() calls, which a launched script cannot run."""
+    magic = LESSON_CELLS[0].replace("trainer.train()",
+                                    "get_ipython().run_line_magic('time', 'trainer.train()')")
+    assert launch.as_last_run(LESSON_CELLS, [LESSON_CELLS[0], magic]) == LESSON_CELLS

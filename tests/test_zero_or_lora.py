@@ -401,3 +401,15 @@ def test_adapters_that_never_trained_change_no_logit_and_trained_ones_do(tmp_pat
     assert lesson.adapter_effect(model, probe) > 1e-3
     model.save_pretrained(tmp_path / "trained")
     assert claims.failed(lesson.reload_claims(tmp_path / "trained", model, model, probe, "fp32")) == []
+
+
+def test_fp16_master_weights_gone_nan_in_fp16_fail_their_check(fp16):
+    """Only ZenFlow's non-finite fp16 loss is a row saying so: fp16 master weights run only in
+    fp16, and going NaN there is what their check is for."""
+    nan = float("nan")
+    master = lesson.method(lesson.FP16_MASTER)
+    went = _run(lesson.FP16_MASTER, [6.0] + [nan] * 5).result
+    assert lesson.diverged_in_fp16(master, went, {"fp16": {"enabled": True}}) is went
+    runs = _good_runs()
+    runs[6] = lesson.MethodRun(master, went, {"fp16": {"enabled": True}})
+    assert any(lesson.FP16_MASTER in s for s in _failed(runs, fp16))

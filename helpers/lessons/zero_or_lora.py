@@ -176,13 +176,13 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
 
 
 def diverged_in_fp16(m: Method, result: runner.RunResult, ds: dict) -> runner.RunResult:
-    """A :data:`MAY_REFUSE` method that ran in fp16 and whose loss went inf or NaN, as a row
-    saying so (status :data:`DIVERGED_FP16`, the step and the skipped steps in its message): in
-    T4 emulation ZenFlow's went NaN from step 2 (GPU_RUNS.md run 23). Anything else as it came;
-    in fp32 such a loss stays a failed run."""
+    """ZenFlow run in fp16 with a loss gone inf or NaN, as a row saying so (status :data:`DIVERGED_FP16`, the step and the skipped steps in its message): in
+    T4 emulation ZenFlow's went NaN from step 2 (GPU_RUNS.md run 23). Anything else as it came:
+    in fp32, or for any other method (fp16 master weights run only in fp16, and going NaN is what
+    their check is for), such a loss stays a failed run."""
     fp16 = bool(ds.get("fp16", {}).get("enabled"))
     bad = [i for i, x in enumerate(result.losses or []) if not math.isfinite(x)]
-    if m.name not in MAY_REFUSE or not fp16 or result.status != runner.OK or not bad:
+    if m.name != ZENFLOW_NAME or not fp16 or result.status != runner.OK or not bad:
         return result
     why = (f"its loss went {result.losses[bad[0]]} at step {bad[0] + 1} in fp16 "
            f"({result.skipped_steps or 0} steps skipped for overflow): DeepSpeed "
