@@ -347,8 +347,9 @@ def fix_stage0_fp16_loss_scale() -> bool:
     at a held-out loss of 3.84 where ZeRO-2 + CPU offload reached 1.80; on the CPU (GPT-2 tiny,
     fp16, tests/test_deepspeed_fixes.py) stage 0's gradient norm read 0.00055 against stage 2's
     2.2444 after the first step. The fix multiplies the loss, in fp32, by the optimizer's loss
-    scale before DeepSpeed's backward (what ``FP16_Optimizer.backward`` would do) and returns the loss as DeepSpeed would have. DeepSpeed pull request 8393 fixes the
-    same in the engine. Engines with ZeRO, bf16 or fp32 take DeepSpeed's path unchanged.
+    scale before DeepSpeed's backward (what ``FP16_Optimizer.backward`` would do) and returns
+    the loss as DeepSpeed would have. DeepSpeed pull request 8393 fixes the same in the engine.
+    Engines with ZeRO, bf16 or fp32 take DeepSpeed's path unchanged.
     """
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer

@@ -110,11 +110,12 @@ def lesson_script(notebook: Path, values: Mapping[str, object],
 
 
 def write_train_script(folder: str | os.PathLike, values: Mapping[str, object],
-                       notebook: Path, history: Sequence[str] = ()) -> Path:
-    """``folder``/train.py: :func:`lesson_script` of ``notebook`` (``history``: the kernel's, so
-    that edited lesson cells go in as last run)."""
+                       notebook: Path, history: Sequence[str] | None = None) -> Path:
+    """``folder``/train.py: :func:`lesson_script` of ``notebook``, its lesson cells as last run
+    (``history``: None for this kernel's, :func:`kernel_history`; none outside a kernel)."""
     path = Path(folder) / "train.py"
     path.parent.mkdir(parents=True, exist_ok=True)
+    history = kernel_history() if history is None else history
     path.write_text(lesson_script(notebook, values, history))
     return path
 

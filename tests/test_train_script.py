@@ -235,7 +235,8 @@ def test_a_cell_that_copies_a_lesson_with_a_change_of_its_own_stays_itself():
                               others=[variant]) == LESSON_CELLS
 
 
-@pytest.mark.parametrize("name", ["04_zero2_training", "07_engine_and_accelerate"])
+@pytest.mark.parametrize("name", ["04_zero2_training", "07_engine_and_accelerate",
+                                  "08_beyond_data_parallelism"])
 def test_a_kernel_that_ran_every_cell_as_written_exports_the_notebooks_lesson(name):
     """What nbval's kernel holds after a run: every code cell, in order, unedited (twice, as after
     a re-run). train.py must then be the notebook's own lesson, cell for cell."""

@@ -321,7 +321,7 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "07_engine_and_ac
 def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) -> Path:
     """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells as this
     kernel last ran them (a learner's edits included: helpers.launch.as_last_run)."""
-    return launch.write_train_script(folder, values, NOTEBOOK, launch.kernel_history())
+    return launch.write_train_script(folder, values, NOTEBOOK)
 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,

@@ -330,7 +330,7 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
     return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
 
 
-# ---- train.py: the lesson cells as the script a launcher starts -------------------------------------
+# ---- train.py: the lesson cells as the script a launcher starts ---------------------------------
 #: The export, the commands and the reading of a launched run are helpers.launch's (notebook 07's
 #: too). One process trains on the notebook's batches: its losses are the notebook's. Under N ranks
 #: the Trainer gives each rank its own share of the blocks (a DistributedSampler) and averages the
@@ -343,7 +343,7 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_zero2_trainin
 def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) -> Path:
     """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells as this
     kernel last ran them (a learner's edits included: helpers.launch.as_last_run)."""
-    return launch.write_train_script(folder, values, NOTEBOOK, launch.kernel_history())
+    return launch.write_train_script(folder, values, NOTEBOOK)
 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
@@ -353,7 +353,7 @@ def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
 
 
 def launch_tolerance(precision: str) -> float:
-    """Relative tolerance between two runs of the same Trainer on the same batches (the resume's)."""
+    """Relative tolerance between two runs of one Trainer on the same batches (the resume's)."""
     return 1e-3 if precision == "fp32" else 2e-2
 
 

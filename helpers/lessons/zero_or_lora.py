@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import claims, config, memory, runner, show
+from helpers import claims, colab, config, memory, runner, show
 from helpers import env as kit_env
 from helpers.lessons import stages_and_offload as offload
 from helpers.show import GiB, Table
@@ -176,8 +176,9 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
 
 
 def diverged_in_fp16(m: Method, result: runner.RunResult, ds: dict) -> runner.RunResult:
-    """ZenFlow run in fp16 with a loss gone inf or NaN, as a row saying so (status :data:`DIVERGED_FP16`, the step and the skipped steps in its message): in
-    T4 emulation ZenFlow's went NaN from step 2 (GPU_RUNS.md run 23). Anything else as it came:
+    """ZenFlow run in fp16 with a loss gone inf or NaN, as a row saying so (status
+    :data:`DIVERGED_FP16`, the step and the skipped steps in its message): in T4 emulation
+    ZenFlow's went NaN from step 2 (GPU_RUNS.md run 23). Anything else as it came:
     in fp32, or for any other method (fp16 master weights run only in fp16, and going NaN is what
     their check is for), such a loss stays a failed run."""
     fp16 = bool(ds.get("fp16", {}).get("enabled"))
@@ -186,17 +187,8 @@ def diverged_in_fp16(m: Method, result: runner.RunResult, ds: dict) -> runner.Ru
         return result
     why = (f"its loss went {result.losses[bad[0]]} at step {bad[0] + 1} in fp16 "
            f"({result.skipped_steps or 0} steps skipped for overflow): DeepSpeed "
-           f"{_deepspeed_version()}'s {m.name} does not train in fp16 here")
+           f"{colab.version_of('deepspeed')}'s {m.name} does not train in fp16 here")
     return dataclasses.replace(result, status=DIVERGED_FP16, message=why)
-
-
-def _deepspeed_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 #: Methods DeepSpeed may refuse on some hardware (ZenFlow, fp16 master weights, in fp16): their row
