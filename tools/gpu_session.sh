@@ -7,6 +7,7 @@
 #     nbval-NN[-NN...] (those notebooks; 06: KIT_LADDER_HEADLINE cuts the ladder), rungs
 #     (tools/gpu_nvme_rung.py for each SHAPE:WEIGHTS of KIT_RUNGS, one after another, each on its
 #     own NVMe folder)
+#     JOB@OTHER: JOB starts once job OTHER has ended (so a timed job does not share the machine)
 #   bash tools/gpu_session.sh wait SECONDS    # until "all done"; logs land in $OUT
 set -u
 # DeepSpeed's ops where every run of the kit looks for them (helpers/__init__.py's default): built
@@ -16,9 +17,10 @@ W=/tmp/kit_gpu_s
 export KIT_EMULATE=t4 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 KIT_REPORT_TO=tools.run_log:append
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 job() {  # name, command: in the background, its own log, KIT_BENCH_LOG and NVMe folder
-  local name=$1; shift
+  local name=$1 first=""; shift
+  [ -n "$after" ] && first="while [ ! -e $W/$after.done ]; do sleep 5; done;"
   KIT_BENCH_LOG=$W/runs_$name.jsonl KIT_OFFLOAD_DIR=/tmp/kit_nvme_$name setsid nohup bash -c \
-    "$*; echo rc=\$? > $W/$name.done" > $W/job_$name.log 2>&1 < /dev/null &
+    "$first $*; echo rc=\$? > $W/$name.done" > $W/job_$name.log 2>&1 < /dev/null &
   echo "$name" >> $W/jobs
 }
 # one pytest per notebook, one after another: each prints its failures as soon as it ends (one
@@ -36,7 +38,8 @@ start)
     python3 -c "from deepspeed.ops.op_builder import $op as B; B().load()" > $W/build_$op.log 2>&1 &
   done
   wait; echo "ops built in $((SECONDS - t)) s"; grep -h -i "error" $W/build_*.log | head -5
-  for name in "${@:2}"; do
+  for spec in "${@:2}"; do
+    name=${spec%@*}; after=""; [ "$spec" != "$name" ] && after=${spec#*@}
     case $name in
       finetune) job finetune "${KIT_FT_AFTER:+while [ ! -e $W/$KIT_FT_AFTER.done ]; do sleep 5; done;} \
         /usr/bin/time -v python3 tools/gpu_finetune.py --out $W/ft ${KIT_FT_ARGS:-}" ;;
