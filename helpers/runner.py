@@ -96,6 +96,7 @@ class RunResult:
     skipped_steps: int = 0
     step_times_s: list[float] = field(default_factory=list)
     median_step_s: float | None = None
+    optimizer_step_s: list[float] = field(default_factory=list)  # engine.step() alone, each step
     tokens_per_s: float | None = None
     peak_gpu_allocated_bytes: int | None = None
     peak_gpu_reserved_bytes: int | None = None
@@ -222,7 +223,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     corpus, held_out = data.split_held_out(corpus) if spec.eval_batches else (corpus, "")
     rank = int(os.environ.get("RANK", "0"))
     steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
-    losses, times, scales = [], [], []
+    losses, times, scales, step_times = [], [], [], []
     for step, batch in enumerate(steps):
         batch = batch.to(engine.device)
         start = time.perf_counter()
@@ -232,16 +233,21 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         if step == 0:
             result["grads_bytes"] = held_bytes(engine)["grads_bytes"]
         enter("optimizer step")
+        if cuda:  # the optimizer step timed alone: what offload moves to the CPU and the bus
+            torch.cuda.synchronize()
+        stepping = time.perf_counter()
         engine.step()
-        if step == 0:  # Adam's moments exist after the first step
-            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
         if cuda:
             torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - stepping)
+        if step == 0:  # Adam's moments exist after the first step
+            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
         times.append(time.perf_counter() - start)
         losses.append(float(loss.item()))
         scale = getattr(engine.optimizer, "loss_scale", None)
         scales.append(float(scale) if isinstance(scale, (int, float)) else float(getattr(scale, "item", lambda: 1.0)()))
     result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
+                  optimizer_step_s=step_times,
                   skipped_steps=int(getattr(engine, "skipped_steps", 0)))
     if spec.eval_batches:
         held = data.batches(held_out, tokenizer, spec.seq_len, spec.micro_batch, spec.eval_batches,
@@ -524,6 +530,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.skipped_steps = first.get("skipped_steps", 0)
     result.steps_done = first.get("steps_done", 0)
     result.step_times_s = first.get("step_times_s", [])
+    result.optimizer_step_s = first.get("optimizer_step_s", [])
     result.rss_phases = first.get("rss_phases", [])
     result.median_step_s = median_step_s(result.step_times_s)
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]

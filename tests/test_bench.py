@@ -25,6 +25,9 @@ def test_ok_run_reports_every_field():
     r = runner.measure(spec())
     assert r.status == runner.OK and r.steps_done == 3 and len(r.losses) == 3 and r.losses[-1] < r.losses[0]
     assert r.median_step_s > 0 and r.tokens_per_s > 0 and r.peak_host_rss_bytes > 100 * 2**20
+    # engine.step() timed alone, inside each step's time (notebook 09's benchmark splits on it)
+    assert len(r.optimizer_step_s) == 3
+    assert all(0 < s < t for s, t in zip(r.optimizer_step_s, r.step_times_s))
     assert r.n_params == 3_382_080 and r.ranks[0]["params_bytes"] == 4 * r.n_params
     assert json.loads(json.dumps(dataclasses.asdict(r)))["status"] == "ok"
     # Host RSS per phase of the run (helpers.runner), in the order the phases began.

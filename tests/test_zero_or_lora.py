@@ -257,6 +257,17 @@ def test_the_benchmark_reports_the_fastest_offload_against_stage_0():
     assert lesson.offload_benchmark(_good_runs()[:2])[0] is None
 
 
+def test_the_benchmark_says_where_offload_spends_its_extra_time():
+    runs = _good_runs()
+    runs[1].result.optimizer_step_s = [0.5, 0.2, 0.2, 0.2]  # stage 0: 1.0 s, 0.2 of it stepping
+    runs[5].result.optimizer_step_s = [2.0, 1.4, 1.4, 1.4]  # ZenFlow: 1.8 s, 1.4 of it stepping
+    line = lesson.offload_benchmark(runs)[1]
+    assert "of the 0.80 s it adds, 1.20 s are the optimizer step" in line
+    assert "-0.40 s the forward and backward" in line and "would still make 2.20x" in line
+    runs[1].result.optimizer_step_s = []  # a run that did not time its step: no breakdown
+    assert "optimizer step" not in lesson.offload_benchmark(runs)[1]
+
+
 def test_the_decision_table_has_one_row_per_method_and_says_when_to_pick_it(cpu):
     table = lesson.decision_table(_good_runs(), LARGEST, cpu)
     text = str(table)
