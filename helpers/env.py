@@ -54,6 +54,8 @@ class Emulation:
     vm_overhead_bytes: int = 0
     cuda_context_bytes: int = 0
     kernel_rss_bytes: int = 0
+    #: the VM's CPU cores; not emulated (runs use every core of the machine), only reported
+    cpu_cores: int = 0
 
     @property
     def gpu_cap_bytes(self) -> int:
@@ -77,11 +79,13 @@ class Emulation:
 #: (tools/gpu_cuda_context.py: H200, torch 2.11, CUDA 13, lazy module loading; GPU_RUNS.md run 19).
 #: Lazy loading grows it as new kernels are first used, so it is a floor. RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
 #: 1.4 GB as Colab's users report it); a kernel that imported torch and the kit holds about
-#: 0.7 GB more (measured by describe() where a notebook runs).
+#: 0.7 GB more (measured by describe() where a notebook runs). CPU: a free Colab VM has 2 vCPUs;
+#: the emulation does not cap the cores, so CPU offload's Adam runs faster than on Colab.
 EMULATIONS: dict[str, Emulation] = {
     "t4": Emulation("t4", "Colab T4", gpu_bytes=int(14.75 * GiB), capability=(7, 5),
                     ram_bytes=int(12.7 * GB), vm_overhead_bytes=int(1.2 * GB),
-                    cuda_context_bytes=int(0.07 * GiB), kernel_rss_bytes=int(0.7 * GB)),
+                    cuda_context_bytes=int(0.07 * GiB), kernel_rss_bytes=int(0.7 * GB),
+                    cpu_cores=2),
 }
 _OFF = {"", "none", "off", "0", "false", "no"}
 _ON = {"1", "true", "yes", "on"}
@@ -268,6 +272,14 @@ class Environment:
     def has_gpu(self) -> bool:
         return self.gpu_name is not None
 
+    def cpu_note(self) -> str:
+        """'' unless an emulated machine has fewer cores than this one (they are not capped)."""
+        emu = self.emulation
+        if not emu or not emu.cpu_cores or emu.cpu_cores >= self.cpu_cores:
+            return ""
+        return (f"not emulated: a {emu.label} has {emu.cpu_cores}; CPU offload's Adam runs "
+                f"faster here than there")
+
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, note) rows: the environment table."""
         gib = lambda b: "-" if b is None else f"{show.gib(b, 1)} GiB"
@@ -287,7 +299,7 @@ class Environment:
             ("GPU memory free", gib(self.vram_free_bytes), ""),
             ("native bf16", "yes" if self.native_bf16 else "no", "needs capability >= 8.0"),
             ("precision the kit uses", self.precision, "fp32 on the CPU" if not self.has_gpu else ""),
-            ("CPU cores", str(self.cpu_cores), ""),
+            ("CPU cores", str(self.cpu_cores), self.cpu_note()),
             ("RAM total", gib(self.ram_total_bytes), ""),
             ("RAM available", gib(self.ram_available_bytes), ""),
             ("RAM budget of a run", f"{self.ram_budget_bytes / GB:.1f} GB", self.ram_budget_note()),

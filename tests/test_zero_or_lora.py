@@ -268,6 +268,18 @@ def test_the_benchmark_says_where_offload_spends_its_extra_time():
     assert "optimizer step" not in lesson.offload_benchmark(runs)[1]
 
 
+def test_the_benchmark_says_what_the_machine_did_not_emulate(cpu):
+    import dataclasses
+
+    assert "no GPU" in lesson.offload_benchmark(_good_runs(), cpu)[1]
+    gpu = dataclasses.replace(cpu, gpu_name="NVIDIA H200", emulation=T4)
+    many, two = (dataclasses.replace(gpu, cpu_cores=n) for n in (16, 2))
+    assert "CPU cores: 16, not emulated: a Colab T4 has 2" in lesson.offload_benchmark(
+        _good_runs(), many)[1]
+    assert "cores" not in lesson.offload_benchmark(_good_runs(), two)[1]  # Colab's own 2
+    assert "not emulated" in dict((w, n) for w, _, n in many.rows())["CPU cores"]
+
+
 def test_the_decision_table_has_one_row_per_method_and_says_when_to_pick_it(cpu):
     table = lesson.decision_table(_good_runs(), LARGEST, cpu)
     text = str(table)

@@ -408,14 +408,16 @@ def decision_table(runs: list[MethodRun], largest: dict[str, int],
                   "largest on a T4", "pick it when"], rows, title="ZeRO or LoRA: which to pick")
 
 
-def offload_benchmark(runs: list[MethodRun], on_gpu: bool = True) -> tuple[float | None, str]:
+def offload_benchmark(runs: list[MethodRun],
+                      environment: kit_env.Environment | None = None) -> tuple[float | None, str]:
     """(CPU offload's step time over stage 0's, one line saying it): issue 28's goal is within 2x
     at GPT-2 355M on a T4 (a benchmark, reported, not asserted). The fastest offload method that
     ran counts; None where stage 0 or every offload method did not run. Where both runs timed
     ``engine.step()`` alone, the line splits the time offload adds between the optimizer step (the
     CPU's Adam and the copies back) and the forward and backward (the gradients' copies out), and
-    gives the floor the optimizer step alone sets. Without a GPU (``on_gpu`` False) the line says
-    the ratio means little: there is no bus to cross."""
+    gives the floor the optimizer step alone sets. Without a GPU the line says the ratio means
+    little (there is no bus to cross); under an emulation with fewer cores than this machine's, that
+    the CPU was not emulated."""
     ok = _ok(runs)
     base = ok.get(FULL)
     offloaded = [(res.median_step_s, name) for name, res in ok.items()
@@ -428,8 +430,11 @@ def offload_benchmark(runs: list[MethodRun], on_gpu: bool = True) -> tuple[float
             f"{ratio:.2f}x stage 0's step ({base.median_step_s:.2f} s); the goal is 2x or "
             f"less at GPT-2 355M on a T4: {'met' if ratio <= 2 else 'not met'} here")
     line += step_breakdown(ok[name], base)
-    return ratio, line + ("" if on_gpu else " (no GPU: offload crosses no bus here, so this says "
-                                              "little)")
+    if environment and not environment.has_gpu:
+        line += " (no GPU: offload crosses no bus here, so this says little)"
+    elif environment and environment.cpu_note():
+        line += f" (CPU cores: {environment.cpu_cores}, {environment.cpu_note()})"
+    return ratio, line
 
 
 def step_breakdown(offload: runner.RunResult, base: runner.RunResult) -> str:
@@ -471,7 +476,7 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
         lines.append(f"On a T4 (estimator): LoRA up to {largest[LORA_NAME] / 1e9:.2f}B "
                      f"parameters, full fine-tuning at stage 0 up to {largest[FULL] / 1e9:.2f}B, "
                      f"with CPU offload up to {largest.get(UNPINNED, 0) / 1e9:.2f}B.")
-    lines.append(offload_benchmark(runs, environment.has_gpu)[1] + ".")
+    lines.append(offload_benchmark(runs, environment)[1] + ".")
     for r in runs:
         if r.result.status != runner.OK:
             lines.append(f"{r.method.name}: {r.result.status}: {r.result.message[:160]}")
