@@ -80,7 +80,9 @@ class Emulation:
 #: Lazy loading grows it as new kernels are first used, so it is a floor. RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
 #: 1.4 GB as Colab's users report it); a kernel that imported torch and the kit holds about
 #: 0.7 GB more (measured by describe() where a notebook runs). CPU: a free Colab VM has 2 vCPUs;
-#: the emulation does not cap the cores, so CPU offload's Adam runs faster than on Colab.
+#: the emulation does not cap the cores (DeepSpeed's CPU Adam is bound by memory bandwidth more
+#: than by cores: over 355M parameters, 0.22 s a step on 2 cores of the kit's CI machine, against
+#: 0.27 s for the whole offloaded optimizer step on the GPU machine's 16, GPU_RUNS.md run 24).
 EMULATIONS: dict[str, Emulation] = {
     "t4": Emulation("t4", "Colab T4", gpu_bytes=int(14.75 * GiB), capability=(7, 5),
                     ram_bytes=int(12.7 * GB), vm_overhead_bytes=int(1.2 * GB),
@@ -277,8 +279,8 @@ class Environment:
         emu = self.emulation
         if not emu or not emu.cpu_cores or emu.cpu_cores >= self.cpu_cores:
             return ""
-        return (f"not emulated: a {emu.label} has {emu.cpu_cores}; CPU offload's Adam runs "
-                f"faster here than there")
+        return (f"not emulated: a {emu.label} has {emu.cpu_cores}; CPU offload's Adam ran on "
+                f"this machine's")
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(what, value, note) rows: the environment table."""
