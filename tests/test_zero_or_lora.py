@@ -264,6 +264,10 @@ def test_the_benchmark_says_where_offload_spends_its_extra_time():
     line = lesson.offload_benchmark(runs)[1]
     assert "of the 0.80 s it adds, 1.20 s are the optimizer step" in line
     assert "-0.40 s the forward and backward" in line and "would still make 2.20x" in line
+    runs[5].result.optimizer_step_s = [0.0, 0.0, 0.0, 0.1]  # overlapped: no floor from the step
+    line = lesson.offload_benchmark(runs)[1]
+    assert "no slower than stage 0's (0.20 s)" in line and "take 1.00 s longer" in line
+    assert "would still make" not in line
     runs[1].result.optimizer_step_s = []  # a run that did not time its step: no breakdown
     assert "optimizer step" not in lesson.offload_benchmark(runs)[1]
 

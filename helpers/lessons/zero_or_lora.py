@@ -445,6 +445,10 @@ def step_breakdown(offload: runner.RunResult, base: runner.RunResult) -> str:
         return ""
     rest, base_rest = offload.median_step_s - step, base.median_step_s - base_step
     floor = (base_rest + step) / base.median_step_s
+    if step <= base_step:  # ZenFlow's step overlaps the next forward and backward
+        return (f"; its optimizer step ({step:.2f} s) is no slower than stage 0's "
+                f"({base_step:.2f} s): its forward and backward, where its CPU update overlaps, "
+                f"take {rest - base_rest:.2f} s longer")
     return (f"; of the {offload.median_step_s - base.median_step_s:.2f} s it adds, "
             f"{step - base_step:.2f} s are the optimizer step ({step:.2f} s against "
             f"{base_step:.2f}: Adam on the CPU and the weights copied back) and "
