@@ -60,7 +60,8 @@ ops: $(VENV)/.installed
 	@test -e "$(OPS_STAMP)" || { mkdir -p "$(TORCH_EXTENSIONS_DIR)" && \
 	    echo "setup: compiling DeepSpeed's ops into $(TORCH_EXTENSIONS_DIR) (once per machine)" && \
 	    $(BIN)/python -m helpers doctor --prebuild --jobs $(OP_JOBS) --ops-only && \
-	    touch "$(OPS_STAMP)"; } || echo "setup: not every op built (the table above says why)"
+	    touch "$(OPS_STAMP)"; } || echo "setup: not every op built (exit status $$?; the table" \
+	    "above says why; with no table the build was stopped from outside: run make ops again)"
 
 tutorial: setup
 	$(BIN)/python tools/run_tutorial.py
