@@ -319,7 +319,8 @@ class Environment:
         emu = self.emulation
         kernel = f"{self.kernel_rss_bytes / GB:.1f} GB (this kernel: torch and the kit imported)"
         if emu is None:
-            return f"{self.notebook_ram_bytes / GB:.1f} GB (this machine) - {kernel}"
+            return (f"{self.notebook_ram_bytes / GB:.1f} GB (this machine's RAM free when measured,"
+                    f" with this kernel's; of {self.ram_total_bytes / GB:.1f} GB) - {kernel}")
         return (f"{emu.ram_bytes / GB:.1f} GB ({emu.label}'s RAM) - {emu.vm_overhead_bytes / GB:.1f} GB"
                 f" (the VM's own use before any cell runs) - {kernel}")
 
@@ -382,8 +383,11 @@ def describe(offload_dir: str | os.PathLike | None = None) -> Environment:
         vram_total = cap if cap is not None else gpu.total_bytes
         vram_free = min(gpu.free_bytes, vram_total - torch.cuda.memory_reserved(0)) if cap else gpu.free_bytes
     vm = psutil.virtual_memory()
-    notebook_ram = min(emulation.notebook_ram_bytes, vm.total) if emulation else vm.total
     kernel_rss = psutil.Process().memory_info().rss
+    # emulated: Colab's figures; real: what is free now plus this kernel's own (the OS, the VM's
+    # services and other programs already hold the rest: about 1.2 GB on a free Colab)
+    notebook_ram = (min(emulation.notebook_ram_bytes, vm.total) if emulation
+                    else min(vm.total, vm.available + kernel_rss))
     folder = Path(offload_dir) if offload_dir else default_offload_dir()
     try:
         cores = len(os.sched_getaffinity(0))

@@ -97,6 +97,27 @@ def test_a_runs_ram_budget_is_colabs_less_the_vm_and_this_kernel(fake_gpu):
     assert t4.ram_budget_bytes == int(12.7 * GB) - int(1.2 * GB) - t4.kernel_rss_bytes
 
 
+def test_on_a_real_colab_a_runs_ram_budget_is_what_is_free(fake_gpu, clean_env):
+    """No emulation on Colab's real T4: the VM's own 1.2 GB is already in use, so a budget from the
+    machine's total (12.7 GiB there) would let a run go past what Colab kills at."""
+    import collections
+
+    import psutil
+
+    fake_gpu(T4)
+    memory = collections.namedtuple("memory", "total available")
+    clean_env.setattr(psutil, "virtual_memory", lambda: memory(13_600_000_000, 11_000_000_000))
+    machine = env.describe()
+    assert machine.emulation is None
+    assert machine.notebook_ram_bytes == 11_000_000_000 + machine.kernel_rss_bytes
+    assert machine.ram_budget_bytes == 11_000_000_000  # what is free now, not 13.6 less the kernel
+    note = machine.ram_budget_note()
+    assert "free when measured" in note and "of 13.6 GB" in note, note
+    # a machine with nothing else running is held to its total, never more
+    clean_env.setattr(psutil, "virtual_memory", lambda: memory(13_600_000_000, 13_590_000_000))
+    assert env.describe().notebook_ram_bytes == 13_600_000_000
+
+
 def test_emulation_from_the_environment_variable(clean_env):
     clean_env.setenv("KIT_EMULATE", " T4 ")
     assert env.resolve_emulation().name == "t4"
