@@ -470,6 +470,21 @@ def prebuild(names: list[str] | None = None, progress: bool = True, jobs: int = 
     return results
 
 
+def require_ops(statuses: list[OpStatus], names: list[str]) -> None:
+    """Raise KitSetupError naming each op of ``names`` that did not load here, with why, so that a
+    notebook stops before its measured runs with the reason, not inside ``deepspeed.initialize``
+    with a compiler's traceback."""
+    loaded = {s.name: s for s in statuses}
+    missing = [(name, loaded.get(name)) for name in names
+               if not (loaded.get(name) and loaded[name].loads)]
+    if missing:
+        why = "; ".join(f"{name}: " + ((s.why or "its build failed") if s else "not built")
+                        for name, s in missing)
+        raise kit_env.KitSetupError(
+            f"DeepSpeed's {', '.join(n for n, _ in missing)} did not load ({why}). Notebook 02's op"
+            " table says why and what to install (`make doctor` outside Colab).")
+
+
 def build_note(status: OpStatus) -> str:
     """'compiled', or 'cached' with how long the compile that made it took (when recorded)."""
     if not status.cached:

@@ -260,3 +260,16 @@ def test_the_op_probes_linker_lines_become_one_reason_per_missing_library():
     assert "-laio: libaio is not installed" in folded and "-lcufile: NVIDIA's cuFile" in folded
     assert doctor.fold_probe_noise("nothing to fold\n[WARNING] async_io requires libaio") == (
         "nothing to fold\n[WARNING] async_io requires libaio")
+
+
+def test_require_ops_stops_with_the_reason_before_any_measured_run():
+    """Notebook 06 builds its ops before the fine-tune; one that did not load stops it there."""
+    libaio = OpStatus("async_io", "", False, False, "libaio missing", loads=False)
+    built = _ops(fused_adam=True, cpu_adam=True) + [libaio]
+    doctor.require_ops(built, ["cpu_adam"])  # CPU offload: async_io not needed
+    with pytest.raises(env.KitSetupError, match=r"async_io did not load \(async_io: libaio missing\)"):
+        doctor.require_ops(built, ["cpu_adam", "async_io"])
+    with pytest.raises(env.KitSetupError, match=r"cpu_adam did not load \(cpu_adam: cpu_adam failed\)"):
+        doctor.require_ops(_ops(cpu_adam=False), ["cpu_adam"])
+    with pytest.raises(env.KitSetupError, match=r"cpu_adam: not built"):
+        doctor.require_ops(_ops(fused_adam=True), ["cpu_adam"])
