@@ -203,6 +203,18 @@ def test_a_headline_that_finished_over_the_ram_budget_fails(cpu):
     assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == []
 
 
+def test_a_headline_peak_between_two_samples_fails(cpu):
+    """The kill samples the tree's RSS every 0.1 s; a spike between two samples (seen by the
+    process's own getrusage high-water mark) past the budget would still be killed on Colab."""
+    rungs = _ladder()
+    for r in _headline_nvme(rungs):
+        r.result.ranks = [{"rank": 0, "rss_high_water_bytes": cpu.ram_budget_bytes + 1}]
+    bad = failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    assert any(c.startswith("gpt2-1.5b: peak host RSS within") for c in bad), bad
+    _headline_nvme(rungs)[0].result.ranks = [{"rank": 0, "rss_high_water_bytes": None}]
+    assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == []
+
+
 def test_the_headline_is_held_to_the_limit_its_run_was_killed_at(cpu):
     """The ladder's kill limit is the notebook's RAM less the kernel's RSS when the ladder starts,
     which can be less than the budget measured at the top of the notebook."""
