@@ -81,13 +81,18 @@ def _with_lessons() -> list[Path]:
 
 
 def _script_runs() -> list:
-    """(notebook, injected STAGE or None): each lesson notebook as it is, and at ZeRO-3 when it has STAGE."""
+    """(notebook, injected parameters): each lesson notebook as it is; at ZeRO-3 when it has STAGE;
+    with the fp16 weights offloaded too when it has OFFLOAD_PARAMS (notebook 06: the parameter
+    offload's buffer_count, buffer_size and max_in_cpu, which its default leaves unused)."""
     runs = []
     for path in _with_lessons():
-        runs.append(pytest.param(path, None, id=path.stem))
+        runs.append(pytest.param(path, {}, id=path.stem))
         params = _tagged(path, "parameters")
-        if len(params) == 1 and "STAGE" in defined_names(params[0]):
-            runs.append(pytest.param(path, 3, id=f"{path.stem}-stage3"))
+        defined = defined_names(params[0]) if len(params) == 1 else set()
+        if "STAGE" in defined:
+            runs.append(pytest.param(path, {"STAGE": 3}, id=f"{path.stem}-stage3"))
+        if "OFFLOAD_PARAMS" in defined:
+            runs.append(pytest.param(path, {"OFFLOAD_PARAMS": True}, id=f"{path.stem}-weights-offloaded"))
     return runs
 
 
@@ -166,8 +171,8 @@ def test_lesson_cells_import_no_kit_module(path):
         assert not extra, f"{path.name}: a lesson or parameters cell imports {sorted(extra)}:\n{source[:300]}"
 
 
-@pytest.mark.parametrize("path, stage", _script_runs())
-def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_path):
+@pytest.mark.parametrize("path, extra", _script_runs())
+def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_path):
     from helpers import data, models
 
     # The Hub-name path, offline: the model is laid out as the Hub's cache and named as on the Hub.
@@ -179,8 +184,7 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
     work.mkdir()
     injected = {"MODEL_NAME": HUB_NAME, "TEXT_FILE": str(text), "WORK_DIR": str(work),
                 "OUT_DIR": str(work / "out"), "DATASET": HUB_DATASET}
-    if stage is not None:
-        injected["STAGE"] = stage
+    injected.update(extra)
     script = tmp_path / f"{path.stem}_lesson.py"
     script.write_text(lesson_script(path, injected))
 
@@ -195,6 +199,8 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, stage, tmp_p
     if path.stem in CONFIG_LESSONS:
         assert_written_configs_pass(work)
         return
+    if extra.get("OFFLOAD_PARAMS"):  # the injection took: notebook 06's lesson prints its choice
+        assert "weights offloaded too: True" in done.stdout, done.stdout[-2000:]
     found = loss_lines(done.stdout)
     assert found, f"{script.name} printed no '<label> losses: [...]' line:\n{done.stdout[-2000:]}"
     falling = {label: claims.loss_falls(values) for label, values in found.items()}
