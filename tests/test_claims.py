@@ -445,3 +445,25 @@ def test_a_finetune_past_a_t4s_allocator_fails_on_any_gpu(cpu):
         bad = finetune_failed(over, 10.707, 5.718, machine)
         assert len(bad) == 1 and bad[0].startswith("peak GPU memory within a T4's"), bad
         assert finetune_failed(finetune_run(RANDOM_START_LOSSES), 10.707, 5.718, machine) == []
+
+
+def test_a_modern_rung_killed_for_host_ram_names_what_stopped_it(cpu):
+    """Run 19's moonshot: Llama-3.2-3B-shaped killed inside deepspeed.initialize at 12.76 GB; the
+    takeaways name the estimator's largest host consumers for it, not only the budget."""
+    rungs = _ladder()
+    for r in rungs:
+        r.result.median_step_s = 2.0
+    wall = _rung("llama-3.2-3b-shaped", "ZeRO-3 + NVMe optimizer, weights on GPU", runner.KILLED_RAM)
+    wall.result.peak_host_rss_bytes = 12_760_000_000
+    wall.result.rss_phases = [{"name": "model built"}, {"name": "deepspeed.initialize"}]
+    wall.ram_limit_bytes = 10_630_000_000
+    info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")  # as the ladder runs it
+    ds = config.zero_infinity(info, config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload",
+                              offload_param="none")
+    wall.spec = runner.RunSpec(ds_config=ds, shape=info.name, micro_batch=4, zero_init=True)
+    lines = biggest_model.takeaways(rungs + [wall], t4(cpu))  # the estimate of a T4's run
+    line = next(x for x in lines if x.startswith("llama-3.2-3b-shaped under ZeRO-3 + NVMe optimizer"))
+    assert "killed for host RAM at 12.8 GB (past 10.6), in deepspeed.initialize" in line, line
+    assert "the fp16 gradient partition" in line and "the optimizer's swap buffers" in line, line
+    # a ladder with no such rung says nothing of a wall
+    assert not any("killed for host RAM" in x for x in biggest_model.takeaways(rungs, t4(cpu)))

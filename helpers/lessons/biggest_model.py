@@ -514,8 +514,34 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
     if stopped:
         first = stopped[0]
         lines.append(f"The first limit hit: {first.shape} under {first.method}: {first.result.status}.")
+    lines += [ram_wall_line(r, environment) for r in rungs
+              if is_nvme(r.method) and r.result.status == runner.KILLED_RAM]
     lines.append("Next: 07 · the DeepSpeed engine by hand and Accelerate: the same config without the Trainer.")
     return lines
+
+
+#: the estimator's host consumers, as the wall's line names them
+CONSUMER_NAMES = {"grads": "the fp16 gradient partition",
+                  "optimizer swap buffers": "the optimizer's swap buffers",
+                  "parameter swap buffers": "the weights' swap buffers"}
+
+
+def ram_wall_line(rung: Rung, environment: kit_env.Environment, top: int = 2) -> str:
+    """For a ZeRO-3 + NVMe rung killed for host RAM: what stopped it, as the estimator splits host
+    RAM for what it ran (its largest consumers), beside where the kill came."""
+    res = rung.result
+    where = res.rss_phases[-1]["name"] if res.rss_phases else "before its first phase ended"
+    head = (f"{rung.shape} under {rung.method}: killed for host RAM at "
+            f"{res.peak_host_rss_bytes / GB:.1f} GB (past {(rung.ram_limit_bytes or 0) / GB:.1f}),"
+            f" in {where}")
+    est = rung_estimate(rung, environment)
+    if est is None:
+        return head + "."
+    parts = sorted(est.parts["cpu"].items(), key=lambda kv: -kv[1])[:top]
+    named = " and ".join(f"{CONSUMER_NAMES.get(name, name)} {size / GiB:.2f} GiB"
+                         for name, size in parts)
+    return (f"{head}. The estimator's {est.total('cpu') / GiB:.2f} GiB for it are mostly"
+            f" {named}: the wall to move first.")
 
 
 # ---- the fine-tune, watched ----------------------------------------------------------------------
