@@ -108,6 +108,29 @@ def test_the_ladder_scales_the_learning_rate_with_size_and_warms_up_over_the_run
     assert rates == sorted(rates, reverse=True) and len(set(rates)) == 6
 
 
+def test_the_ladders_configs_are_sized_to_the_ram_each_run_has(monkeypatch, tmp_path):
+    """After the fine-tune the kernel holds more, so a run has less than the budget measured at the
+    top: pinned buffers chosen from the larger figure would be killed. With plenty of RAM at the top
+    and little left for the runs, the NVMe configs do not pin."""
+    import dataclasses
+
+    pins = {}
+
+    def fake(spec, log_path=None):
+        offload = spec.ds_config["zero_optimization"].get("offload_optimizer") or {}
+        pins[spec.label] = offload.get("pin_memory")
+        return runner.RunResult(spec.label, runner.OK, losses=[10.8, 10.0, 9.5], steps_done=3,
+                                median_step_s=1.0)
+
+    monkeypatch.setattr(runner, "measure", fake)
+    roomy = dataclasses.replace(env.describe(), ram_budget_bytes=4 * config.PIN_MEMORY_MIN_RAM)
+    biggest_model.run_ladder(["tiny"], roomy, 2, 64, 3, tmp_path, True, None, progress=False)
+    assert pins["tiny ZeRO-3 + NVMe"] is True  # no kill limit: the top's figure
+    tight = config.PIN_MEMORY_MIN_RAM // 2
+    biggest_model.run_ladder(["tiny"], roomy, 2, 64, 3, tmp_path, True, tight, progress=False)
+    assert pins["tiny ZeRO-3 + NVMe"] is False
+
+
 def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
               for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]

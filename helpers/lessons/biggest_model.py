@@ -119,8 +119,13 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     it (except stage 0 at ``headline``, run to show that it does not fit). Past ``headline`` (or
     from the start without one) a method also stops once its next rung, predicted from its last one
     (wall time scaled by parameters), would end past ``budget_minutes`` (0: stop at the headline)."""
+    import dataclasses
+
     from tqdm.auto import tqdm
 
+    if ram_limit_bytes:  # configs sized (pinned buffers, sub-groups) to the RAM each run really has
+        environment = dataclasses.replace(
+            environment, ram_budget_bytes=min(environment.ram_budget_bytes, ram_limit_bytes))
     rungs, stopped, last = [], set(), {}
     start = time.perf_counter()
     todo = [(shape, method) for shape in shapes for method in METHODS]
