@@ -228,6 +228,31 @@ def test_install_libaio_without_run_only_prints(monkeypatch):
     assert env.install_libaio(run=False) == "Not run. To enable NVMe offload: apt-get install -y libaio-dev"
 
 
+def test_install_libaio_makes_the_next_probe_answer_without_a_restart(monkeypatch):
+    """Notebook 06 tells a learner without libaio to run install_libaio(run=True), then the notebook
+    again from its parameters cell: the probe's cached False must not outlive the install."""
+    import subprocess
+
+    installed = []
+
+    def fake_run(cmd, **kwargs):
+        if cmd[0] == "bash":  # the apt-get line
+            installed.append(cmd[-1])
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return subprocess.CompletedProcess(cmd, 0, f"LIBAIO {bool(installed)}\n", "")
+
+    monkeypatch.setattr(env.subprocess, "run", fake_run)
+    monkeypatch.setattr(env.shutil, "which", lambda name: "/usr/bin/" + name)
+    env.libaio_available.cache_clear()
+    try:
+        assert env.libaio_available() is False  # probed, and cached
+        assert env.install_libaio(run=True) == "libaio-dev installed: async_io can now be built."
+        assert "libaio-dev" in installed[0]
+        assert env.libaio_available() is True
+    finally:
+        env.libaio_available.cache_clear()  # later tests probe this machine again
+
+
 def test_under_t4_emulation_bf16_is_not_here_but_ops_target_the_real_gpu():
     h200_as_t4 = t4(build_capability=(9, 0), arch_list=None)
     rows = dict((c, s) for c, s, _ in doctor.verdict(h200_as_t4, _ops(fused_adam=True, cpu_adam=True, async_io=True), []))
