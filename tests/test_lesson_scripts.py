@@ -201,10 +201,23 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
         return
     if extra.get("OFFLOAD_PARAMS"):  # the injection took: notebook 06's lesson prints its choice
         assert "weights offloaded too: True" in done.stdout, done.stdout[-2000:]
+    if path.stem.startswith("06_"):
+        assert_finetune_lesson_output(done.stdout)
     found = loss_lines(done.stdout)
     assert found, f"{script.name} printed no '<label> losses: [...]' line:\n{done.stdout[-2000:]}"
     falling = {label: claims.loss_falls(values) for label, values in found.items()}
     assert all(falling.values()), f"a loss did not fall: {found}"
+
+
+def assert_finetune_lesson_output(out: str) -> None:
+    """Notebook 06's lesson on its own: the held-out loss fell, the reloaded folder gives the
+    trained logits (fp32 on a CPU: within 1e-3), and the reloaded model generated a sample."""
+    held = re.search(r"held-out loss: ([\d.]+) before, ([\d.]+) after", out)
+    assert held and float(held.group(2)) < float(held.group(1)), out[-2000:]
+    diff = re.search(r"largest logit difference after the reload: (\S+)", out)
+    assert diff and float(diff.group(1)) <= 1e-3, out[-2000:]
+    sample = re.search(r"^sample: (['\"])(.*)\1$", out, re.M)  # a repr: either quote
+    assert sample and sample.group(2).strip(), out[-2000:]
 
 
 def assert_written_configs_pass(folder: Path) -> None:
@@ -231,6 +244,19 @@ def test_loss_lines_are_parsed_and_bad_ones_fail_loss_falls():
     assert not claims.loss_falls(found["accelerate"])
     assert not claims.loss_falls(found["trainer"])
     assert not claims.loss_falls(found["line 4"])
+
+
+def test_the_finetune_lessons_output_is_held_to_its_claims():
+    good = ("held-out loss: 5.1234 before, 4.2000 after\n"
+            "largest logit difference after the reload: 0.00e+00\nsample: 'the cat sat'\n")
+    assert_finetune_lesson_output(good)
+    assert_finetune_lesson_output(good.replace("'the cat sat'", '"the cat\'s hat"'))
+    for bad in (good.replace("4.2000 after", "5.5000 after"),
+                good.replace("0.00e+00", "2.00e-01"), good.replace("'the cat sat'", "''"),
+                good.replace("'the cat sat'", '"  "'),
+                good.split("\n", 1)[1]):
+        with pytest.raises(AssertionError):
+            assert_finetune_lesson_output(bad)
 
 
 def test_the_repository_leaves_pythonpath_and_nothing_else_does():
