@@ -471,12 +471,12 @@ def prebuild(names: list[str] | None = None, progress: bool = True, jobs: int = 
 
 
 def require_ops(statuses: list[OpStatus], names: list[str]) -> None:
-    """Raise KitSetupError naming each op of ``names`` that did not load here, with why, so that a
-    notebook stops before its measured runs with the reason, not inside ``deepspeed.initialize``
-    with a compiler's traceback."""
+    """Raise KitSetupError naming each op of ``names`` that did not load here, or loaded and failed
+    its exercise, with why, so that a notebook stops before its measured runs with the reason, not
+    inside ``deepspeed.initialize`` with a compiler's traceback."""
     loaded = {s.name: s for s in statuses}
     missing = [(name, loaded.get(name)) for name in names
-               if not (loaded.get(name) and loaded[name].loads)]
+               if not (loaded.get(name) and loaded[name].loads and loaded[name].works is not False)]
     if missing:
         why = "; ".join(f"{name}: " + ((s.why or "its build failed") if s else "not built")
                         for name, s in missing)

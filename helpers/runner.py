@@ -107,6 +107,7 @@ class RunResult:
     eval_loss: float | None = None  # mean loss on held-out batches after training (eval_batches)
     ranks: list[dict] = field(default_factory=list)
     rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
+    last_phase: str = ""  # the phase rank 0 was in when the parent killed the run (RAM, time)
 
 
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
@@ -145,6 +146,7 @@ def worker(spec_path: str) -> int:
     payload = json.loads(Path(spec_path).read_text())
     out_dir, entry = Path(payload.pop("out_dir")), payload.pop("entry")
     rank = int(os.environ.get("RANK", "0"))
+    os.environ[PHASE_FILE_ENV] = str(out_dir / f"phase{rank}.txt")  # survives a SIGKILL
     result: dict = {"rank": rank, "status": ERROR, "message": ""}
     try:
         entry_point(entry)(payload, result)
@@ -162,7 +164,7 @@ def worker(spec_path: str) -> int:
 def train_rank(payload: dict, result: dict) -> None:
     """The kit's entry point (:data:`TRAIN_ENTRY`): :func:`train_steps` on a :class:`RunSpec`, with
     this rank's host RSS per phase and its own RSS peak in ``result``."""
-    trace = PhaseTrace()
+    trace = PhaseTrace(marker=os.environ.get(PHASE_FILE_ENV))
     trace.enter("imports, process group")
     try:
         train_steps(RunSpec(**payload), result, trace)
@@ -462,10 +464,15 @@ def _run_once(payload: dict, entry: str, world_size: int, label: str, timeout_s:
                        peak_host_rss_bytes=peak_rss, peak_nvme_bytes=peak_nvme, wall_s=time.perf_counter() - start)
     ranks = sorted((json.loads(p.read_text()) for p in work.glob("rank*.json")), key=lambda r: r.get("rank", 0))
     log_text = Path(log_path or work / "log.txt").read_text(errors="replace")
+    if forced or not ranks:  # rank 0 wrote no JSON: the phase it was in, from its marker file
+        marker = work / "phase0.txt"
+        result.last_phase = marker.read_text().strip() if marker.exists() else ""
+    during = f" during {result.last_phase}" if result.last_phase else ""
     if forced == KILLED_RAM:
         result.status = KILLED_RAM
         result.message = (f"host RSS passed the {ram_limit_bytes / kit_env.GB:.1f} GB budget "
-                          f"({peak_rss / kit_env.GB:.1f} GB): on Colab the kernel would be killed here")
+                          f"({peak_rss / kit_env.GB:.1f} GB){during}: on Colab the kernel would be"
+                          " killed here")
     elif forced == TIMEOUT:
         result.status, result.message = TIMEOUT, f"stopped after {timeout_s} s"
     elif not ranks:
@@ -762,14 +769,19 @@ class Phase:
     entries: int = 1
 
 
+#: The environment variable naming the file a worker's PhaseTrace keeps its current phase in.
+PHASE_FILE_ENV = "KIT_PHASE_FILE"
+
+
 class PhaseTrace:
     """Peak RSS per named phase. ``enter(name)`` switches phase (a phase entered again, like one
     training step's forward and backward after another, keeps one peak); ``stop()`` returns them in
     the order they first began."""
 
-    def __init__(self, interval_s: float = 0.02):
+    def __init__(self, interval_s: float = 0.02, marker: str | os.PathLike | None = None):
         import psutil
 
+        self._marker = marker  # a file that holds the current phase's name (read after a kill)
         self._process = psutil.Process()
         self._interval = interval_s
         self._phases: dict[str, Phase] = {}
@@ -806,6 +818,11 @@ class PhaseTrace:
     def enter(self, name: str) -> None:
         """From now on, RSS counts towards ``name``."""
         self._close_current()
+        if self._marker:
+            try:
+                Path(self._marker).write_text(name)
+            except OSError:
+                pass
         rss = self._process.memory_info().rss
         with self._lock:
             phase = self._phases.get(name)

@@ -73,6 +73,33 @@ def test_a_run_past_its_ram_budget_is_killed_and_reported():
     assert r.status == runner.KILLED_RAM and "budget" in r.message
 
 
+#: An entry point that grows its RAM inside a named phase until the parent kills it.
+FAKE_HOG = """
+import os, time
+from helpers import runner
+
+
+def hog_in_initialize(payload, result):
+    trace = runner.PhaseTrace(marker=os.environ.get(runner.PHASE_FILE_ENV))
+    trace.enter("deepspeed.initialize")
+    held = []
+    for _ in range(80):  # up to 8 GB, 100 MB at a time, each written so that it is resident
+        held.append(b"\\x01" * (100 * 2**20))
+        time.sleep(0.05)
+"""
+
+
+def test_a_run_killed_for_ram_says_in_which_phase(tmp_path, monkeypatch):
+    """A killed rank writes no JSON: its phase comes from the marker its PhaseTrace keeps, so that
+    notebook 06 can say where the 3B met the wall (run 19: inside deepspeed.initialize)."""
+    (tmp_path / "fake_hog.py").write_text(FAKE_HOG)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = runner.run(spec(ram_limit_bytes=2 * 10**9), entry="fake_hog:hog_in_initialize")
+    assert r.status == runner.KILLED_RAM and r.last_phase == "deepspeed.initialize", r
+    assert "(10.0 GB) during deepspeed.initialize" not in r.message  # the real peak, not made up
+    assert "during deepspeed.initialize: on Colab" in r.message, r.message
+
+
 def test_other_errors_carry_their_message():
     bad = spec()
     bad.ds_config["zero_optimization"]["no_such_key"] = 1

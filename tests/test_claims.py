@@ -63,7 +63,10 @@ def _matrix(**status):
 
 @pytest.fixture(scope="module")
 def cpu():
-    return env.describe()
+    """This CPU as the kit sees it, with fixed RAM figures: without emulation the budget is what is
+    free when measured, which other processes (CI's workers) would make vary from run to run."""
+    return dataclasses.replace(env.describe(), notebook_ram_bytes=16 * 10**9,
+                               ram_budget_bytes=15 * 10**9)
 
 
 def failed(found):
@@ -243,7 +246,8 @@ def test_on_a_gpu_the_headline_must_fit_the_cap_under_emulation(cpu):
 
 def test_on_a_real_gpu_without_emulation_the_headline_is_held_to_a_t4s_allocator(cpu):
     """On Colab's real T4 nothing is emulated: the claim must hold there (it once required emulation
-    and failed on every real T4), and on a bigger GPU a peak past a T4's allocator must still fail."""
+    and failed on every real T4), and on a bigger GPU a peak past a T4's allocator must still
+    fail."""
     real_t4 = dataclasses.replace(t4(cpu), gpu_name="Tesla T4", emulation=None, gpu_cap_bytes=None)
     assert failed(biggest_model.checks(_ladder(), real_t4, "gpt2-1.5b", nvme_ready=True)) == []
     rungs = _ladder()
@@ -419,7 +423,7 @@ def test_a_finetune_that_did_not_learn_fails_from_either_start(cpu):
     assert bad == ["the held-out loss fell (2.3000 -> 2.3400)"]
     nan = PRETRAINED_LOSSES[:4] + [math.nan] + PRETRAINED_LOSSES[5:]
     bad = finetune_failed(finetune_run(nan), 2.30, 2.21, cpu)
-    assert any("every training loss finite" in c for c in bad), bad
+    assert any("every one finite" in c for c in bad), bad
 
 
 def test_fp16_overflow_from_a_pretrained_start_fails_and_says_what_to_do(cpu):
@@ -453,17 +457,23 @@ def test_a_modern_rung_killed_for_host_ram_names_what_stopped_it(cpu):
     rungs = _ladder()
     for r in rungs:
         r.result.median_step_s = 2.0
-    wall = _rung("llama-3.2-3b-shaped", "ZeRO-3 + NVMe optimizer, weights on GPU", runner.KILLED_RAM)
+    wall = _rung("llama-3.2-3b-shaped", "ZeRO-3 + NVMe optimizer, weights on GPU",
+                 runner.KILLED_RAM)
     wall.result.peak_host_rss_bytes = 12_760_000_000
-    wall.result.rss_phases = [{"name": "model built"}, {"name": "deepspeed.initialize"}]
+    wall.result.last_phase = "deepspeed.initialize"  # from the rank's marker (helpers.runner)
     wall.ram_limit_bytes = 10_630_000_000
     info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")  # as the ladder runs it
     ds = config.zero_infinity(info, config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload",
                               offload_param="none")
     wall.spec = runner.RunSpec(ds_config=ds, shape=info.name, micro_batch=4, zero_init=True)
     lines = biggest_model.takeaways(rungs + [wall], t4(cpu))  # the estimate of a T4's run
-    line = next(x for x in lines if x.startswith("llama-3.2-3b-shaped under ZeRO-3 + NVMe optimizer"))
+    line = next(x for x in lines
+                if x.startswith("llama-3.2-3b-shaped under ZeRO-3 + NVMe optimizer"))
     assert "killed for host RAM at 12.8 GB (past 10.6), in deepspeed.initialize" in line, line
     assert "the fp16 gradient partition" in line and "the optimizer's swap buffers" in line, line
+    # killed by the system (the budget never passed), no phase recorded: said so, no "past 0.0"
+    wall.ram_limit_bytes, wall.result.last_phase, wall.result.rss_phases = None, "", []
+    line = biggest_model.ram_wall_line(wall, t4(cpu))
+    assert "at 12.8 GB (by the system's out-of-memory killer). The estimator's" in line, line
     # a ladder with no such rung says nothing of a wall
     assert not any("killed for host RAM" in x for x in biggest_model.takeaways(rungs, t4(cpu)))

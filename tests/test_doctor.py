@@ -292,9 +292,14 @@ def test_require_ops_stops_with_the_reason_before_any_measured_run():
     libaio = OpStatus("async_io", "", False, False, "libaio missing", loads=False)
     built = _ops(fused_adam=True, cpu_adam=True) + [libaio]
     doctor.require_ops(built, ["cpu_adam"])  # CPU offload: async_io not needed
-    with pytest.raises(env.KitSetupError, match=r"async_io did not load \(async_io: libaio missing\)"):
+    with pytest.raises(env.KitSetupError,
+                       match=r"async_io did not load \(async_io: libaio missing\)"):
         doctor.require_ops(built, ["cpu_adam", "async_io"])
-    with pytest.raises(env.KitSetupError, match=r"cpu_adam did not load \(cpu_adam: cpu_adam failed\)"):
+    with pytest.raises(env.KitSetupError,
+                       match=r"cpu_adam did not load \(cpu_adam: cpu_adam failed\)"):
         doctor.require_ops(_ops(cpu_adam=False), ["cpu_adam"])
     with pytest.raises(env.KitSetupError, match=r"cpu_adam: not built"):
         doctor.require_ops(_ops(fused_adam=True), ["cpu_adam"])
+    wrong = dataclasses.replace(_ops(cpu_adam=True)[0], works=False, why="its exercise was off")
+    with pytest.raises(env.KitSetupError, match=r"cpu_adam: its exercise was off"):
+        doctor.require_ops([wrong], ["cpu_adam"])

@@ -82,8 +82,9 @@ def _with_lessons() -> list[Path]:
 
 def _script_runs() -> list:
     """(notebook, injected parameters): each lesson notebook as it is; at ZeRO-3 when it has STAGE;
-    with the fp16 weights offloaded too when it has OFFLOAD_PARAMS (notebook 06: the parameter
-    offload's buffer_count, buffer_size and max_in_cpu, which its default leaves unused)."""
+    with the fp16 weights offloaded too when it has OFFLOAD_PARAMS (notebook 06: where libaio is
+    ready, as in CI, the parameter offload's NVMe buffer_count, buffer_size and max_in_cpu, which
+    its default leaves unused; without libaio, the weights go to CPU RAM)."""
     runs = []
     for path in _with_lessons():
         runs.append(pytest.param(path, {}, id=path.stem))
@@ -92,7 +93,8 @@ def _script_runs() -> list:
         if "STAGE" in defined:
             runs.append(pytest.param(path, {"STAGE": 3}, id=f"{path.stem}-stage3"))
         if "OFFLOAD_PARAMS" in defined:
-            runs.append(pytest.param(path, {"OFFLOAD_PARAMS": True}, id=f"{path.stem}-weights-offloaded"))
+            runs.append(pytest.param(path, {"OFFLOAD_PARAMS": True},
+                                     id=f"{path.stem}-weights-offloaded"))
     return runs
 
 

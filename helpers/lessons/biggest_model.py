@@ -535,14 +535,16 @@ def ram_wall_line(rung: Rung, environment: kit_env.Environment, top: int = 2) ->
     """For a ZeRO-3 + NVMe rung killed for host RAM: what stopped it, as the estimator splits host
     RAM for what it ran (its largest consumers), beside where the kill came."""
     res = rung.result
-    where = res.rss_phases[-1]["name"] if res.rss_phases else "before its first phase ended"
+    limit = rung.ram_limit_bytes or 0
+    by = (f"past {limit / GB:.1f}" if 0 < limit < res.peak_host_rss_bytes
+          else "by the system's out-of-memory killer")
+    where = res.last_phase or (res.rss_phases[-1]["name"] if res.rss_phases else "")
     head = (f"{rung.shape} under {rung.method}: killed for host RAM at "
-            f"{res.peak_host_rss_bytes / GB:.1f} GB (past {(rung.ram_limit_bytes or 0) / GB:.1f}),"
-            f" in {where}")
+            f"{res.peak_host_rss_bytes / GB:.1f} GB ({by})" + (f", in {where}" if where else ""))
     est = rung_estimate(rung, environment)
-    if est is None:
+    parts = sorted((est.parts.get("cpu", {}) if est else {}).items(), key=lambda kv: -kv[1])[:top]
+    if not parts:
         return head + "."
-    parts = sorted(est.parts["cpu"].items(), key=lambda kv: -kv[1])[:top]
     named = " and ".join(f"{CONSUMER_NAMES.get(name, name)} {size / GiB:.2f} GiB"
                          for name, size in parts)
     return (f"{head}. The estimator's {est.total('cpu') / GiB:.2f} GiB for it are mostly"
@@ -697,8 +699,8 @@ def training_loss_claim(losses: list[float], pretrained: bool) -> claims.Claim:
     if not pretrained:
         return claims.loss_falls_claim("fine-tune", losses)
     shown = ", ".join(f"{x:.3f}" for x in losses[:8]) + (" ..." if len(losses) > 8 else "")
-    return (f"fine-tune from a pretrained start: every training loss finite ({shown}; the held-out"
-            " loss below says whether it learned)",
+    return (f"fine-tune from a pretrained start: at least 3 training losses, every one finite"
+            f" ({shown}; the held-out loss below says whether it learned)",
             len(losses) >= 3 and all(math.isfinite(x) for x in losses))
 
 
