@@ -32,7 +32,10 @@ def test_notebook_06_passes_without_libaio_and_says_what_it_left_out(tmp_path, m
     ok, _, error = run_tutorial.run_one(NOTEBOOK, tmp_path / "out", timeout=1200, check=True)
     assert ok, error
     text = _stdout(tmp_path / "out" / NOTEBOOK.name)
-    assert "NVMe ready: False" in text and "NVMe offload needs libaio: apt-get install -y libaio-dev" in text
+    assert "NVMe ready: False" in text
+    assert ("NVMe offload needs libaio (apt-get install -y libaio-dev): run"
+            " kit_env.install_libaio(run=True) in a cell, then run again from the parameters cell"
+            " (no restart)") in text
     assert "offload: cpu" in text and "ZeRO-3 and cpu offload" in text
     assert ("the engine offloaded the optimizer to NVMe where libaio is ready, else to the CPU: True"
             in text)
