@@ -474,15 +474,20 @@ def require_ops(statuses: list[OpStatus], names: list[str]) -> None:
     """Raise KitSetupError naming each op of ``names`` that did not load here, or loaded and failed
     its exercise, with why, so that a notebook stops before its measured runs with the reason, not
     inside ``deepspeed.initialize`` with a compiler's traceback."""
-    loaded = {s.name: s for s in statuses}
-    missing = [(name, loaded.get(name)) for name in names
-               if not (loaded.get(name) and loaded[name].loads and loaded[name].works is not False)]
+    ops = {s.name: s for s in statuses}
+    missing = [name for name in names
+               if not (ops.get(name) and ops[name].loads and ops[name].works is not False)]
     if missing:
-        why = "; ".join(f"{name}: " + ((s.why or "its build failed") if s else "not built")
-                        for name, s in missing)
+        why = "; ".join(f"{name}: {op_problem(ops, name)}" for name in missing)
         raise kit_env.KitSetupError(
-            f"DeepSpeed's {', '.join(n for n, _ in missing)} did not load ({why}). Notebook 02's op"
-            " table says why and what to install (`make doctor` outside Colab).")
+            f"DeepSpeed's {', '.join(missing)} did not load ({why}). Notebook 02's op table says"
+            " why and what to install (`make doctor` outside Colab).")
+
+
+def op_problem(ops: dict[str, OpStatus], name: str) -> str:
+    """Why op ``name`` is not usable, as its status says (its build error or DeepSpeed's warning)."""
+    s = ops.get(name)
+    return (s.why if s else f"{name} was not checked") or f"{name} did not build"
 
 
 def build_note(status: OpStatus) -> str:
@@ -529,10 +534,6 @@ def verdict(facts: Facts, statuses: list[OpStatus], found: list[Diagnosis]) -> l
     def fixes_for(capability: str) -> str:
         return "; ".join(d.fix for d in found if capability in d.affects and d.level != "info")
 
-    def op_problem(name: str) -> str:
-        s = ops.get(name)
-        return (s.why if s else f"{name} was not checked") or f"{name} did not build"
-
     rows = []
     cc = f"{facts.capability[0]}.{facts.capability[1]}" if facts.capability else None
     if not facts.has_gpu:
@@ -542,24 +543,24 @@ def verdict(facts: Facts, statuses: list[OpStatus], found: list[Diagnosis]) -> l
         if op_ok("fused_adam"):
             rows.append(("fp16 training", READY, "FusedAdam builds and loads"))
         else:
-            rows.append(("fp16 training", FIX, fixes_for("fp16 training") or op_problem("fused_adam")))
+            rows.append(("fp16 training", FIX, fixes_for("fp16 training") or op_problem(ops, "fused_adam")))
         if not kit_env.native_bf16(facts.capability):
             rows.append(("bf16 training", NOT_HERE, f"capability {cc} < 8.0: no native bf16; train in fp16"))
         elif op_ok("fused_adam"):
             rows.append(("bf16 training", READY, f"capability {cc} has native bf16"))
         else:
-            rows.append(("bf16 training", FIX, fixes_for("bf16 training") or op_problem("fused_adam")))
+            rows.append(("bf16 training", FIX, fixes_for("bf16 training") or op_problem(ops, "fused_adam")))
     base_ok = op_ok("fused_adam")
     rows.append(("ZeRO 1/2/3", READY if base_ok else FIX,
-                 "DeepSpeed's optimizer op loads" if base_ok else (fixes_for("ZeRO 1/2/3") or op_problem("fused_adam"))))
+                 "DeepSpeed's optimizer op loads" if base_ok else (fixes_for("ZeRO 1/2/3") or op_problem(ops, "fused_adam"))))
     rows.append(("CPU offload", READY if op_ok("cpu_adam") else FIX,
-                 "CPU Adam builds and loads" if op_ok("cpu_adam") else (fixes_for("CPU offload") or op_problem("cpu_adam"))))
+                 "CPU Adam builds and loads" if op_ok("cpu_adam") else (fixes_for("CPU offload") or op_problem(ops, "cpu_adam"))))
     if op_ok("async_io"):
         rows.append(("NVMe offload", READY, "async_io (libaio) builds and loads"))
     elif not facts.libaio:
         rows.append(("NVMe offload", NOT_HERE, "libaio missing; fix: " + fixes_for("NVMe offload")))
     else:
-        rows.append(("NVMe offload", FIX, op_problem("async_io")))
+        rows.append(("NVMe offload", FIX, op_problem(ops, "async_io")))
     if facts.gpu_count > 1:
         shm = fixes_for("multi-GPU")
         rows.append(("multi-GPU", FIX if shm else READY,

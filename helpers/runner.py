@@ -477,7 +477,8 @@ def _run_once(payload: dict, entry: str, world_size: int, label: str, timeout_s:
         result.status, result.message = TIMEOUT, f"stopped after {timeout_s} s"
     elif not ranks:
         result.status = KILLED_RAM if proc.returncode in (-9, 137) else ERROR
-        result.message = ("killed by signal 9, as the kernel's out-of-memory killer does: not enough host RAM"
+        result.message = (f"killed by signal 9{during}, as the kernel's out-of-memory killer does:"
+                          " not enough host RAM"
                           if result.status == KILLED_RAM else _last_error(log_text) or f"exit code {proc.returncode}")
     elif merge is not None:
         merge(result, ranks)

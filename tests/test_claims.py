@@ -477,3 +477,10 @@ def test_a_modern_rung_killed_for_host_ram_names_what_stopped_it(cpu):
     assert "at 12.8 GB (by the system's out-of-memory killer). The estimator's" in line, line
     # a ladder with no such rung says nothing of a wall
     assert not any("killed for host RAM" in x for x in biggest_model.takeaways(rungs, t4(cpu)))
+
+
+def test_notebook_06_requires_async_io_wherever_nvme_will_run():
+    assert biggest_model.ops_needed("cpu", nvme_ready=False) == ["cpu_adam"]
+    assert biggest_model.ops_needed("nvme", nvme_ready=False) == ["cpu_adam", "async_io"]
+    # the fine-tune on CPU RAM, but the ladder's NVMe rungs run where libaio is ready
+    assert biggest_model.ops_needed("cpu", nvme_ready=True) == ["cpu_adam", "async_io"]

@@ -531,6 +531,13 @@ CONSUMER_NAMES = {"grads": "the fp16 gradient partition",
                   "parameter swap buffers": "the weights' swap buffers"}
 
 
+def ops_needed(offload: str, nvme_ready: bool) -> list[str]:
+    """The DeepSpeed ops notebook 06 cannot run without: CPU Adam for any offload; async_io where
+    NVMe is used (the fine-tune's ``offload``, or the ladder's NVMe rungs wherever libaio is
+    ready)."""
+    return ["cpu_adam"] + (["async_io"] if offload == "nvme" or nvme_ready else [])
+
+
 def ram_wall_line(rung: Rung, environment: kit_env.Environment, top: int = 2) -> str:
     """For a ZeRO-3 + NVMe rung killed for host RAM: what stopped it, as the estimator splits host
     RAM for what it ran (its largest consumers), beside where the kill came."""
@@ -538,9 +545,9 @@ def ram_wall_line(rung: Rung, environment: kit_env.Environment, top: int = 2) ->
     limit = rung.ram_limit_bytes or 0
     by = (f"past {limit / GB:.1f}" if 0 < limit < res.peak_host_rss_bytes
           else "by the system's out-of-memory killer")
-    where = res.last_phase or (res.rss_phases[-1]["name"] if res.rss_phases else "")
     head = (f"{rung.shape} under {rung.method}: killed for host RAM at "
-            f"{res.peak_host_rss_bytes / GB:.1f} GB ({by})" + (f", in {where}" if where else ""))
+            f"{res.peak_host_rss_bytes / GB:.1f} GB ({by})"
+            + (f", in {res.last_phase}" if res.last_phase else ""))
     est = rung_estimate(rung, environment)
     parts = sorted((est.parts.get("cpu", {}) if est else {}).items(), key=lambda kv: -kv[1])[:top]
     if not parts:
