@@ -278,6 +278,9 @@ class OpStatus:
     compiled_seconds: float | None = None  # the build that made the cached op (build_times.json)
 
 
+_PROBE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _silenced_stderr():
     """Silence file descriptor 2 (the linker's messages from DeepSpeed's probes), then restore it."""
@@ -305,7 +308,10 @@ def op_report(names: list[str] | None = None, environment: kit_env.Environment |
             out.append(OpStatus(name, OP_PURPOSE.get(name, ""), False, False, "DeepSpeed has no such op on this accelerator"))
             continue
         printed = io.StringIO()
-        with contextlib.redirect_stdout(printed), _silenced_stderr():
+        # one probe at a time: redirect_stdout swaps the process-wide sys.stdout (and the fd-2
+        # silencing the process's stderr), so two threads interleaving here (prebuild's jobs) left
+        # sys.stdout pointing at the other's buffer: `make ops` then printed its table into it
+        with _PROBE_LOCK, contextlib.redirect_stdout(printed), _silenced_stderr():
             try:
                 compatible = bool(builder.is_compatible(verbose=True))
             except Exception as err:  # DeepSpeed's own probe can raise (no CUDA_HOME, say)

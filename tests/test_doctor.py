@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import re
+import sys
 
 import pytest
 
@@ -303,3 +304,42 @@ def test_require_ops_stops_with_the_reason_before_any_measured_run():
     wrong = dataclasses.replace(_ops(cpu_adam=True)[0], works=False, why="its exercise was off")
     with pytest.raises(env.KitSetupError, match=r"cpu_adam: its exercise was off"):
         doctor.require_ops([wrong], ["cpu_adam"])
+
+
+def test_op_probes_from_two_threads_leave_stdout_as_it_was(monkeypatch):
+    """`make ops` builds ops side by side (prebuild's jobs): each build first probes its op with
+    stdout redirected. Interleaved, the second thread restored the first one's buffer as stdout, and
+    the op table printed after the builds vanished (make ops said 'no table above')."""
+    import threading
+    import time
+
+    from deepspeed.git_version_info import installed_ops  # noqa: F401 (imported before the race)
+
+    first_in, second_in = threading.Event(), threading.Event()
+
+    class Builder:
+        error_log = None
+
+        def __init__(self, name):
+            self.name = name
+
+        def is_compatible(self, verbose=True):
+            print("probing", self.name)
+            if self.name == "cpu_adam":  # the first: waits until the second is inside too
+                first_in.set()
+                second_in.wait(1)  # (never, once probes take turns)
+            else:  # the second: still inside when the first leaves
+                second_in.set()
+                time.sleep(0.3)
+            return True
+
+    monkeypatch.setattr(doctor, "op_builder", Builder)
+    before = sys.stdout
+    first = threading.Thread(target=doctor.op_report, args=(["cpu_adam"],))
+    second = threading.Thread(target=doctor.op_report, args=(["fused_adam"],))
+    first.start()
+    first_in.wait(5)
+    second.start()
+    first.join()
+    second.join()
+    assert sys.stdout is before
