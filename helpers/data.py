@@ -1,5 +1,6 @@
-"""Data: an offline corpus generated on the spot (no shipped text, no download), chunking into
-fixed-length blocks for causal LM training, and the Hub path (wikitext-2) with a clear fallback.
+"""Data: real English text that ships with Python (the offline default), a corpus generated on the
+spot (for models trained from scratch), chunking into fixed-length blocks for causal LM training,
+and the Hub path (wikitext-2) with a clear fallback.
 """
 
 from __future__ import annotations
@@ -31,12 +32,33 @@ def offline_corpus(n_chars: int = 200_000, seed: int = 0) -> str:
     return "".join(parts)[:n_chars]
 
 
-def write_offline_text(path: str | os.PathLike, n_chars: int = 200_000, seed: int = 0) -> Path:
-    """Write the offline corpus to a text file (one sentence a line), for code that reads text files
-    as a user's would: ``datasets.load_dataset("text", data_files=path)``. Returns the path."""
+def real_corpus(n_chars: int | None = None) -> str:
+    """Real English prose with no download: the topics of Python's own documentation, which every
+    CPython ships (``pydoc_data.topics``: 79 topics, about 465,000 characters), in their fixed
+    order, blank lines dropped; the first ``n_chars`` where given. What the real model is fine-tuned
+    and scored on offline."""
+    from pydoc_data.topics import topics
+
+    lines = [line.rstrip() for name in sorted(topics) for line in topics[name].splitlines()]
+    text = "\n".join(line for line in lines if line.strip()) + "\n"
+    return text[:n_chars] if n_chars else text
+
+
+#: The offline corpora by name: real text (the default) or the generated grammar (for models
+#: trained from scratch, whose loss must fall in a few CPU steps).
+CORPORA = {"real": lambda n_chars, seed: real_corpus(n_chars),
+           "generated": lambda n_chars, seed: offline_corpus(n_chars, seed=seed)}
+
+
+def write_offline_text(path: str | os.PathLike, n_chars: int = 200_000, seed: int = 0,
+                       corpus: str = "generated") -> Path:
+    """Write an offline corpus (:data:`CORPORA`) to a text file (one line a row), for code that
+    reads text files as a user's would: ``datasets.load_dataset("text", data_files=path)``."""
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}: choose one of {', '.join(CORPORA)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(offline_corpus(n_chars, seed=seed))
+    path.write_text(CORPORA[corpus](n_chars, seed))
     return path
 
 
@@ -73,15 +95,17 @@ def batches(text: str, tokenizer, block_size: int, micro_batch: int, steps: int,
     return out
 
 
-def resolve_text(path: str | None, work_dir: str | os.PathLike, n_chars: int, seed: int = 0) -> str:
-    """The text file to train on: ``path`` when it exists, else (no path) the offline corpus written
-    here. A path that names no file is refused with the fix, never silently replaced."""
+def resolve_text(path: str | None, work_dir: str | os.PathLike, n_chars: int | None, seed: int = 0,
+                 corpus: str = "real") -> str:
+    """The text file to train on: ``path`` when it exists, else (no path) an offline corpus of
+    :data:`CORPORA` written here (Python's documentation by default; ``n_chars`` cuts it). A path
+    that names no file is refused with the fix, never silently replaced."""
     if path and Path(path).is_file():
         return str(path)
     if path:
         raise FileNotFoundError(f"TEXT_FILE {path!r} is not a file: point it at a plain-text file "
                                 "(one example a line), or set it to None for the kit's corpus")
-    return str(write_offline_text(Path(work_dir) / "train.txt", n_chars, seed=seed))
+    return str(write_offline_text(Path(work_dir) / "train.txt", n_chars, seed=seed, corpus=corpus))
 
 
 # ---- a Hub dataset, and its cache on a machine without network ------------------------------------
@@ -162,6 +186,6 @@ def resolve_text_source(dataset: tuple[str, str] | None, text_file: str | None,
             return tuple(dataset), None, f"text: {name} ({config_name}) from this machine's datasets cache"
         if hub_reachable():
             return tuple(dataset), None, f"text: {name} ({config_name}) from the Hugging Face Hub"
-    corpus = resolve_text(None, work_dir, n_chars, seed)
+    corpus = resolve_text(None, work_dir, n_chars, seed, corpus="generated")
     why = f"{dataset[0]} cannot be loaded: the Hub cannot be reached" if dataset else "no DATASET"
     return None, corpus, f"text: the kit's offline corpus, {n_chars:,} characters, at {corpus} ({why})"

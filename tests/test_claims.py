@@ -405,9 +405,9 @@ def finetune_failed(run, before, after, machine, vocab=32000, diff=0.0, precisio
 def test_a_healthy_finetune_passes_from_a_random_or_a_pretrained_start(cpu):
     assert finetune_failed(finetune_run(RANDOM_START_LOSSES), 10.707, 5.718, cpu) == []
     assert finetune_failed(finetune_run(PRETRAINED_LOSSES), 2.30, 2.21, cpu) == []
-    assert biggest_model.pretrained_start(2.30, 32000)
-    assert not biggest_model.pretrained_start(10.707, 32000)
-    assert not biggest_model.pretrained_start(2.30, None)
+    assert claims.pretrained_start(2.30, 32000)
+    assert not claims.pretrained_start(10.707, 32000)
+    assert not claims.pretrained_start(2.30, None)
 
 
 def test_the_random_start_rule_would_fail_a_healthy_pretrained_finetune(cpu):

@@ -571,9 +571,6 @@ def ram_wall_line(rung: Rung, environment: kit_env.Environment, top: int = 2) ->
 #: Reloaded 16-bit weights give the trained model's logits up to this much (fp32 runs: 1e-3).
 RELOAD_TOL = {"fp32": 1e-3, "bf16": 0.1, "fp16": 5e-2}
 #: More skipped optimizer steps than this share of the run is not fp16's normal start.
-MAX_SKIPPED_SHARE = 0.5
-#: a held-out loss below this share of ln(vocab) before training means pretrained weights
-PRETRAINED_LOSS_SHARE = 0.6
 
 
 @dataclass
@@ -659,16 +656,8 @@ def offload_of(engine, what: str = "optimizer") -> str:
 
 
 def overflow_advice(run: FinetuneRun, precision: str, steps: int) -> str:
-    """One line on fp16 overflow: how many optimizer steps were skipped, and what to do if many."""
-    if precision != "fp16":
-        return f"{precision}: no loss scaling, no step skipped for overflow."
-    if run.skipped_steps <= MAX_SKIPPED_SHARE * steps:
-        return (f"fp16: {run.skipped_steps} of {steps} optimizer steps skipped for overflow (the loss"
-                " scale finding its level; a few at the start are normal).")
-    return (f"fp16: {run.skipped_steps} of {steps} optimizer steps were skipped for overflow, so the"
-            " model barely trained. Checkpoints trained in bf16 can overflow fp16: lower"
-            " fp16.initial_scale_power (12 -> 8), lower LR, or pick a checkpoint trained in fp16;"
-            " on a GPU of capability 8.0 or more, train in bf16.")
+    """claims.overflow_advice for the fine-tune's run."""
+    return claims.overflow_advice(run.skipped_steps, precision, steps)
 
 
 def finetune_table(run: FinetuneRun, environment: kit_env.Environment, eval_before: float,
@@ -690,32 +679,11 @@ def finetune_table(run: FinetuneRun, environment: kit_env.Environment, eval_befo
     return Table(["measured", "value"], rows, title="The fine-tune, as this run measured it")
 
 
-def pretrained_start(eval_before: float, vocab: int | None) -> bool:
-    """Whether the held-out loss before training says the weights were trained already: well below
-    ln(vocab), the loss of a freshly initialised model (10.4 at a 32k vocabulary; a pretrained
-    TinyLlama reads about 2 on English text). False where the vocabulary is unknown."""
-    return (bool(vocab) and math.isfinite(eval_before)
-            and eval_before < PRETRAINED_LOSS_SHARE * math.log(vocab))
-
-
-def training_loss_claim(losses: list[float], pretrained: bool) -> claims.Claim:
-    """From a random start, the shared trend rule (claims.loss_falls). From a pretrained start at a
-    fine-tuning rate, one batch's loss differs from the next by more than a few steps improve it,
-    so the trend rule would fail healthy runs: there the training losses must be finite, and the
-    held-out loss (the same blocks before and after) carries the evidence that it learned."""
-    if not pretrained:
-        return claims.loss_falls_claim("fine-tune", losses)
-    shown = ", ".join(f"{x:.3f}" for x in losses[:8]) + (" ..." if len(losses) > 8 else "")
-    return (f"fine-tune from a pretrained start: at least 3 training losses, every one finite"
-            f" ({shown}; the held-out loss below says whether it learned)",
-            len(losses) >= 3 and all(math.isfinite(x) for x in losses))
-
-
 def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, logit_diff: float,
            precision: str, environment: kit_env.Environment,
            vocab: int | None = None) -> list[claims.Claim]:
     """The fine-tune's claims, each able to fail: the training loss falls (the shared rule; from a
-    pretrained start, see :func:`training_loss_claim`), the held-out loss falls, most optimizer
+    pretrained start, see :func:`helpers.claims.training_loss_claim`), the held-out loss falls, most optimizer
     steps were taken (not skipped for overflow), the reloaded folder gives the trained logits, host
     RAM stayed within the budget, and on a GPU the peak fits a T4's allocator."""
     steps = len(run.losses)
@@ -730,11 +698,9 @@ def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, log
                    "notebook_ram_bytes": environment.notebook_ram_bytes,
                    "gpu_cap_bytes": environment.gpu_cap_bytes, "wall_s": run.wall_s,
                    "trace": run.trace})
-    out = [training_loss_claim(run.losses, pretrained_start(eval_before, vocab)),
-           (f"the held-out loss fell ({eval_before:.4f} -> {eval_after:.4f})",
-            math.isfinite(eval_after) and eval_after < eval_before),
-           (f"at most {MAX_SKIPPED_SHARE:.0%} of the {steps} optimizer steps skipped for fp16 overflow"
-            f" ({run.skipped_steps})", steps > 0 and run.skipped_steps <= MAX_SKIPPED_SHARE * steps),
+    out = [claims.training_loss_claim("fine-tune", run.losses, claims.pretrained_start(eval_before, vocab)),
+           claims.held_out_claim(eval_before, eval_after),
+           claims.skipped_claim(run.skipped_steps, steps),
            (f"the reloaded folder gives the trained model's logits (within {tol:g})",
             math.isfinite(logit_diff) and logit_diff <= tol),
            (f"peak host RAM of the kernel within the {environment.notebook_ram_bytes / GB:.1f} GB"
