@@ -39,13 +39,13 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(kit_cache_dir(), "tor
 LAYERS: list[dict[str, str]] = [
     {
         "show": "units (GiB, GB), table cells, tables (HTML and text), source, figures",
-        "colab": "the repository's address, the setup cell, badges, Colab's missing packages",
+        "colab": "the repository's address, the setup cell, badges, the lock, Colab's packages",
         "deepspeed_fixes": "fixes for DeepSpeed bugs the kit meets, applied before every engine",
-        "data": "an offline corpus made on the spot, fixed-length blocks, the Hub's text",
+        "data": "real text offline (Python's docs), a generated corpus, blocks, the Hub's text",
     },
     {
         "claims": "the check rules every notebook shares (a loss that falls, a tolerance)",
-        "models": "GPT-2 and Llama/Qwen-style shapes built offline, a byte tokenizer",
+        "models": "the real model offline (GGUF), GPT-2 and Llama/Qwen shapes, a byte tokenizer",
     },
     {
         "env": "machine facts, T4 emulation, libaio, one-process distributed setup",

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_URL = "https://github.com/zero-kit/zero-kit"
@@ -19,6 +20,8 @@ BRANCH = "main"
 CLONE_DIR = "/content/zero-kit"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COLAB_REQUIREMENTS = REPO_ROOT / "requirements-colab.txt"
+#: The one tested set of versions: make setup, CI, this module's setup cell and the GPU runs use it.
+LOCK = REPO_ROOT / "requirements-lock.txt"
 #: Colab's own copies of these stay: upgrading them breaks the runtime or needs a restart.
 KEEP_AS_IS = ("torch", "numpy", "ipywidgets")
 
@@ -115,6 +118,34 @@ def prepare(force: bool = False) -> str:
         output.enable_custom_widget_manager()
     return (f"installed {COLAB_REQUIREMENTS.name}; kept " + ", ".join(keep_constraints())
             + "; " + install_system_packages())
+
+
+def normalized(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503): lower case, runs of -_. as one -."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: str | os.PathLike = LOCK) -> dict[str, str]:
+    """{normalized name: version} of every ``name==version`` line of a requirements file."""
+    found = {}
+    for line in Path(path).read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", line.strip())
+        if match:
+            found[normalized(match.group(1))] = match.group(2)
+    return found
+
+
+def lock_disagreements(locked: dict[str, str],
+                       installed: Callable[[str], str | None] | None = None) -> list[str]:
+    """Each locked package whose installed version differs (a local label such as torch's
+    ``+cpu`` aside) or that is missing, as "name: installed X, lock Y"; [] when all agree."""
+    installed = installed or version_of
+    out = []
+    for name, want in sorted(locked.items()):
+        have = installed(name)
+        if have is None or have.split("+")[0] != want.split("+")[0]:
+            out.append(f"{name}: installed {have or 'nothing'}, lock {want}")
+    return out
 
 
 def version_of(package: str) -> str | None:

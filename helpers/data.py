@@ -34,14 +34,19 @@ def offline_corpus(n_chars: int = 200_000, seed: int = 0) -> str:
 
 def real_corpus(n_chars: int | None = None) -> str:
     """Real English prose with no download: the topics of Python's own documentation, which every
-    CPython ships (``pydoc_data.topics``: 79 topics, about 465,000 characters), in their fixed
-    order, blank lines dropped; the first ``n_chars`` where given. What the real model is fine-tuned
-    and scored on offline."""
+    CPython ships (``pydoc_data.topics``: 79 topics, about 465,000 characters), in a fixed order,
+    one paragraph a line (its wrapped lines joined); the first ``n_chars`` where given, cut at a
+    line's end. What the real model is fine-tuned and scored on offline."""
+    import re
+
     from pydoc_data.topics import topics
 
-    lines = [line.rstrip() for name in sorted(topics) for line in topics[name].splitlines()]
-    text = "\n".join(line for line in lines if line.strip()) + "\n"
-    return text[:n_chars] if n_chars else text
+    paragraphs = [" ".join(line.strip() for line in block.splitlines())
+                  for name in sorted(topics) for block in re.split(r"\n\s*\n", topics[name])]
+    text = "".join(p + "\n" for p in paragraphs if p.strip())
+    if n_chars and n_chars < len(text):
+        text = text[:text.rfind("\n", 0, n_chars) + 1] or text[:n_chars]
+    return text
 
 
 #: The offline corpora by name: real text (the default) or the generated grammar (for models

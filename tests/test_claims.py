@@ -337,12 +337,35 @@ def _train_run(losses):
 
 def test_training_checks_fail_on_a_last_step_jump_and_an_unreported_oom(cpu):
     oom = zero2_training.TrainRun(env.OUT_OF_GPU_MEMORY, "out of GPU memory at micro batch 512: " + zero2_training.OOM_ADVICE)
-    good = zero2_training.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 3.5]), 0.0, (True, True), oom, cpu)
+    fresh = (10.8, 9.0)  # a freshly initialised model's held-out loss, falling
+    good = zero2_training.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 3.5]), 0.0, (True, True), oom, cpu,
+                                 fresh, 49152)
     assert failed(good) == []
     bad = failed(zero2_training.checks(_train_run([10.0, 8.0, 6.0, 5.0, 4.0, 9.5]), 0.0, (True, True),
-                              zero2_training.TrainRun("error", "boom"), cpu))
+                              zero2_training.TrainRun("error", "boom"), cpu, fresh, 49152))
     assert any(c.startswith("training: the loss falls") for c in bad)
     assert "out of GPU memory was reported with advice" in bad
+
+
+def test_training_checks_from_a_pretrained_start(cpu):
+    """SmolLM2's noisy fine-tuning losses pass from a pretrained start; a held-out loss that does not
+    fall, a NaN, or most steps skipped for overflow fail."""
+    oom = zero2_training.TrainRun(env.OUT_OF_GPU_MEMORY, "out of GPU memory at micro batch 512: " + zero2_training.OOM_ADVICE)
+    noisy = [5.165, 4.792, 4.24, 3.838, 3.76, 3.606, 3.658, 4.098, 3.59, 4.068, 5.2, 3.745]
+    good = zero2_training.checks(_train_run(noisy), 0.0, (True, True), oom, cpu, (4.96, 3.66), 49152)
+    assert failed(good) == []
+    assert any(c.startswith("the model starts pretrained") for c, _ in good)
+    assert any("held-out loss fell" in c for c in failed(
+        zero2_training.checks(_train_run(noisy), 0.0, (True, True), oom, cpu, (4.96, 4.97), 49152)))
+    assert any(c.startswith("training from a pretrained start") for c in failed(
+        zero2_training.checks(_train_run(noisy[:-1] + [math.nan]), 0.0, (True, True), oom, cpu, (4.96, 3.66),
+                              49152)))
+    skipping = _train_run(noisy)
+    for record in skipping.records[-1:]:
+        record["skipped_steps"] = 9
+    assert any("skipped for fp16 overflow" in c for c in failed(
+        zero2_training.checks(skipping, 0.0, (True, True), oom, cpu, (4.96, 3.66), 49152)))
+    assert "barely trained" in claims.overflow_advice(9, "fp16", 12)
 
 
 # ---- notebook 01: the machine -------------------------------------------------------------------------

@@ -282,7 +282,7 @@ def test_notebook_04s_lines_and_notebook_05s_ram_axis_keep_one_unit(tmp_path):
                 "gpu_peak_bytes": 2**30, "skipped_steps": 0} for i in range(3)]
     run = zero2_training.TrainRun("ok", records=records, seconds=1.0, micro_batch=2)
     oom = zero2_training.TrainRun("out of GPU memory", "simulated on CPU")
-    lines = zero2_training.takeaways(run, machine, 0.0, True, oom, "zero2.json")
+    lines = zero2_training.takeaways(run, machine, 0.0, True, oom, "zero2.json", (4.9, 3.7))
     lines += [" ".join(row) for row in zero2_training.summary_table(run, machine).rows]
     assert not [(line, unconverted_gb(line)) for line in lines if unconverted_gb(line)]
 

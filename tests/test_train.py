@@ -105,9 +105,11 @@ def test_notebook_checks_fail_on_a_bad_run(trained):
 
     broken = zero2_training.TrainRun("error", "boom", run.records[:2])
     oom = zero2_training.TrainRun("out of GPU memory", "out of GPU memory at micro batch 4: try ... (notebook 05)")
-    good = dict(zero2_training.checks(run, 0.0, (True, True), oom, env.describe()))
+    good = dict(zero2_training.checks(run, 0.0, (True, True), oom, env.describe(), (7.0, 6.0), 1024))
     assert all(good.values()), good
-    bad = dict(zero2_training.checks(broken, 1.0, (False, True), zero2_training.TrainRun("ok"), env.describe()))
+    bad = dict(zero2_training.checks(broken, 1.0, (False, True), zero2_training.TrainRun("ok"), env.describe(),
+                                     (7.0, 7.5), 1024))
     failed = {k.split(":")[0] for k, held in bad.items() if not held}
-    assert {"training ran", "training", "the reloaded model gives the same logits",
+    assert {"training ran", "training", "the held-out loss fell (7.0000 -> 7.5000)",
+            "the reloaded model gives the same logits",
             "resume continued at the next step", "out of GPU memory was reported with advice"} <= failed

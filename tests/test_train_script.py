@@ -262,3 +262,18 @@ def test_an_edit_with_an_ipython_magic_stays_out_of_train_py():
     magic = LESSON_CELLS[0].replace("trainer.train()",
                                     "get_ipython().run_line_magic('time', 'trainer.train()')")
     assert launch.as_last_run(LESSON_CELLS, [LESSON_CELLS[0], magic]) == LESSON_CELLS
+
+
+def test_a_pretrained_trainer_launch_needs_finite_losses_not_a_trend():
+    """From a pretrained start two ranks' noisy losses pass; a NaN fails; one process must still
+    start at the notebook's first loss."""
+    from helpers.lessons import zero2_training
+
+    noisy = (6.0, 6.3, 5.8, 6.1)
+    runs = [_trainer_run("deepspeed", losses=noisy), _trainer_run("accelerate launch", losses=noisy)]
+    assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", 2, pretrained=True)) == []
+    assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", 2))  # the trend rule
+    nan = [_trainer_run("deepspeed", losses=(6.0, float("nan"), 5.0, 4.0))] * 2
+    assert claims.failed(zero2_training.launch_claims(nan, FIRST, "fp32", 2, pretrained=True))
+    other_start = [_trainer_run("deepspeed", losses=(6.1, 5.5, 5.0, 4.6))] * 2
+    assert claims.failed(zero2_training.launch_claims(other_start, FIRST, "fp16", 1, pretrained=True))

@@ -84,6 +84,10 @@ class TrainRun:
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.records if "loss" in r]
 
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for fp16 overflow by the end of the run."""
+        return int(self.records[-1].get("skipped_steps", 0)) if self.records else 0
+
     def losses_by_step(self) -> dict[int, float]:
         """{step: loss} of the steps this run trained (a resumed run starts after its checkpoint)."""
         return {r["step"]: r["loss"] for r in self.records if "loss" in r}
@@ -241,8 +245,9 @@ def logit_difference(model, other, batch) -> float:
 
 
 def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float, resumed_at: bool,
-              oom: TrainRun, config_name: str) -> list[str]:
-    """Notebook 04's summary: what this run showed, each figure from the run itself."""
+              oom: TrainRun, config_name: str, held_out: tuple[float, float]) -> list[str]:
+    """Notebook 04's summary: what this run showed, each figure from the run itself; ``held_out``
+    is the held-out loss (before, after)."""
     losses = run.losses()
     recs = run.records
     timed = sorted(r["tokens_per_s"] for r in recs[1:]) or [0.0]
@@ -254,7 +259,8 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
     simulated = " (simulated on CPU)" if "simulated" in oom.message else ""
     return [
         f"{config_name} through the Trainer: {len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f} "
-        f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}.",
+        f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}; "
+        f"held-out loss {held_out[0]:.3f} -> {held_out[1]:.3f}.",
         f"Memory: {where}; host RSS of this kernel {peak_rss / GiB:.2f} GiB of the "
         f"{show.in_gib(kit_env.EMULATIONS['t4'].notebook_ram_bytes, True)} a free Colab leaves it.",
         f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
@@ -300,34 +306,26 @@ def plot(run: TrainRun):
 
 
 def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: TrainRun,
-           environment: kit_env.Environment) -> list[claims.Claim]:
-    """The claims notebook 04 asserts, each (claim, held); each can fail on a bad run."""
+           environment: kit_env.Environment, held_out: tuple[float, float],
+           vocab: int) -> list[claims.Claim]:
+    """The claims notebook 04 asserts, each (claim, held); each can fail on a bad run. ``held_out``
+    is the held-out loss (before, after) training; ``vocab`` the tokenizer's size."""
     losses = run.losses()
-    return [
-        ("training ran", run.status == "ok"),
-        claims.loss_falls_claim("training", losses),
+    before, after = held_out
+    pretrained = claims.pretrained_start(before, vocab)
+    out = [("training ran", run.status == "ok")]
+    if pretrained:  # a fresh model (MODEL_NAME = None) has no pretrained start to claim
+        out.append(claims.pretrained_claim(before, vocab))
+    return out + [
+        claims.training_loss_claim("training", losses, pretrained),
+        claims.held_out_claim(before, after),
+        claims.skipped_claim(run.skipped_steps(), len(losses)),
         ("the reloaded model gives the same logits", logit_diff <= RELOAD_TOL),
         ("resume continued at the next step", resume[0]),
         ("resume reproduced the losses", resume[1]),
         ("out of GPU memory was reported with advice", oom.status == kit_env.OUT_OF_GPU_MEMORY
          and "notebook 05" in oom.message),
     ]
-
-
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 40) -> str:
-    """Greedy continuation of ``prompt`` (the model's own device and dtype)."""
-    import torch
-
-    device = next(model.parameters()).device
-    ids = torch.tensor([tokenizer.encode(prompt)], device=device)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(input_ids=ids[:, -1024:]).logits[:, -1, :]
-            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
-    model.train(was_training)
-    return tokenizer.decode(ids[0].tolist()[len(tokenizer.encode(prompt)):])
 
 
 # ---- train.py: the lesson cells as the script a launcher starts ---------------------------------
@@ -370,19 +368,21 @@ def _mean_of_last_third(losses: Sequence[float]) -> float:
 
 
 def launch_claims(runs: Sequence[launch.Launched], first_losses: dict[int, float], precision: str,
-                  processes: int) -> list[claims.Claim]:
+                  processes: int, pretrained: bool = False) -> list[claims.Claim]:
     """Each able to fail: both launchers ran and exited 0 with ``len(first_losses)`` losses; one
     process: in fp32 the notebook's losses step by step within :func:`launch_tolerance`, in fp16
     or bf16 its first loss within :data:`LAUNCH_FIRST_RTOL` and the mean of its last third within
     :data:`LAUNCH_END_RTOL`, with a loss that falls; more ranks: a loss that falls by the kit's
-    rule."""
+    rule. From a ``pretrained`` start "falls" is :func:`helpers.claims.training_loss_claim`'s
+    (finite losses: batch noise outweighs a few steps' gain there)."""
     reference = [first_losses[step] for step in sorted(first_losses)]
     tol = launch_tolerance(precision)
 
     def matches(label: str, losses: list[float]) -> claims.Claim:
+        trains = claims.training_loss_claim(label, losses, pretrained)
         if processes > 1:
-            return (f"{label} on {processes} ranks (each its own share of the blocks): the loss "
-                    "fell", claims.loss_falls(losses))
+            return (f"{label} on {processes} ranks (each its own share of the blocks): "
+                    + trains[0], trains[1])
         if not losses or not reference:
             return f"{label}: no losses to compare with the notebook's", False
         if precision == "fp32":
@@ -395,7 +395,7 @@ def launch_claims(runs: Sequence[launch.Launched], first_losses: dict[int, float
                 f"vs {reference[0]:.4f}) and its last third within {LAUNCH_END_RTOL:.0%} "
                 f"({end:.4f} vs {end_ref:.4f}), a falling loss",
                 claims.within(losses[0], reference[0], LAUNCH_FIRST_RTOL)
-                and claims.within(end, end_ref, LAUNCH_END_RTOL) and claims.loss_falls(losses))
+                and claims.within(end, end_ref, LAUNCH_END_RTOL) and trains[1])
 
     return launch.launch_claims(runs, len(reference), matches)
 
