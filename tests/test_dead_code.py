@@ -17,13 +17,15 @@ USED_ELSEWHERE = [
     "terminalreporter",  # pytest plugin hooks (tools/ci_rules.py)
     "loss_scales", "peak_gpu_reserved_bytes",  # RunResult fields: in its JSON (--json, KIT_BENCH_LOG)
     "__wrapped__",  # functools' convention: the original under a wrapper (helpers.deepspeed_fixes)
-    "pre_tokenizer", "decoder", "bos_token_id", "pad_token_id",  # set on tokenizers / HF configs
+    "pre_tokenizer", "decoder", "bos_token_id", "pad_token_id", "name_or_path",  # set on tokenizers / HF configs
     "skip_special_tokens",  # the HF tokenizer interface ByteTokenizer.decode follows
     "description_width",  # ipywidgets style attribute
     "LAYERS",  # helpers/__init__.py: read by tests/test_layers.py
     "write_hub_cache",  # helpers.models: the Hub-name path offline (tests/test_lesson_scripts.py)
     "write_datasets_cache",  # helpers.data: a Hub dataset's name offline (tests/test_lesson_scripts.py)
     "save_offline_model",  # helpers.models: called in a fresh process (_save_in_a_subprocess)
+    "pins", "lock_disagreements",  # helpers.colab: the lock read and compared (tests/test_lock.py)
+    "write_gguf_folder",  # helpers.models: called in a fresh process (offline_real_model)
     "train_rank",  # the entry point a run's ranks start at, named as a string (helpers.runner)
 ]
 

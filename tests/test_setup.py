@@ -85,17 +85,21 @@ def _make_variables(folder: Path) -> dict[str, str]:
 
 
 def test_two_clones_share_one_environment_and_one_op_cache(tmp_path):
-    """The shared environment's key is made of the Python, torch and requirements only (never the
+    """The shared environment's key is made of the Python, the requirements and the lock only (never the
     clone's path), so a second clone on the machine finds its packages and compiled ops."""
     clone = tmp_path / "another-clone"
     clone.mkdir()
-    for name in ("Makefile", "requirements.txt"):
+    for name in ("Makefile", "requirements.txt", "requirements-lock.txt"):
         (clone / name).write_text((ROOT / name).read_text())
     here, there = _make_variables(ROOT), _make_variables(clone)
     assert here["SHARED"] == there["SHARED"] and here["OPS_STAMP"] == there["OPS_STAMP"]
     assert str(ROOT) not in here["SHARED"] and str(tmp_path) not in there["SHARED"]
     (clone / "requirements.txt").write_text((ROOT / "requirements.txt").read_text() + "six\n")
     assert _make_variables(clone)["SHARED"] != here["SHARED"]  # other packages: another env
+    (clone / "requirements.txt").write_text((ROOT / "requirements.txt").read_text())
+    (clone / "requirements-lock.txt").write_text((ROOT / "requirements-lock.txt").read_text().replace(
+        "transformers==5.25.0", "transformers==5.26.0"))
+    assert _make_variables(clone)["SHARED"] != here["SHARED"]  # a new lock: another env
 
 
 def test_importing_the_kit_points_deepspeed_at_the_machines_ops_unless_told_otherwise(tmp_path):
