@@ -299,7 +299,7 @@ def test_the_script_blocks_the_kit_and_injects_only_defined_names(tmp_path):
     assert 'sys.modules["helpers"] = None' in script.split("\n\n\n")[0]  # before any notebook line
     assert "MODEL_NAME = '/m'" in script and "WORK_DIR = '/w'" in script
     assert "OUT_DIR = '/o'" not in script  # notebook 07's parameters cell has no OUT_DIR
-    assert script.index("MODEL_NAME = '/m'") > script.index("MODEL_NAME = None")
+    assert script.index("MODEL_NAME = '/m'") > script.index("MODEL_NAME = ")  # after the cell's own
     done = subprocess.run([sys.executable, "-c", 'import sys; sys.modules["helpers"] = None\nimport helpers'],
                           capture_output=True, text=True)
     assert done.returncode != 0 and "import of helpers halted" in done.stderr

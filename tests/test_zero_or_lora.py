@@ -138,12 +138,15 @@ def _good_runs():
 
 
 LARGEST = {lesson.LORA_NAME: 2_000_000_000, lesson.FULL: 500_000_000}
+#: The model before training: pretrained (5.0, well below 0.6 x ln(50,257) = 6.5), and fresh.
+START = lesson.Start(5.0, 50_257)
+RANDOM_START = lesson.Start(10.9, 50_257)
 
 
-def _failed(runs, cpu):
+def _failed(runs, cpu, start=START):
     from helpers import claims
 
-    return claims.failed(lesson.checks(runs, cpu))
+    return claims.failed(lesson.checks(runs, cpu, start))
 
 
 def test_a_good_set_of_runs_passes_every_check(cpu):
@@ -170,6 +173,8 @@ def test_fp16_master_weights_are_refused_below_stage_1():
 
 
 @pytest.mark.parametrize("bad", ["lora trains everything", "no eval loss", "stage 0 broke",
+                                 "not pretrained", "held-out loss rose", "held-out loss missing",
+                                 "a training loss not finite",
                                  "offload parted", "fp16 masters parted early",
                                  "fp16 masters ended worse",
                                  "an error without a message", "pinned offload crashed"])
@@ -181,6 +186,15 @@ def test_each_bad_run_fails_a_check(bad, cpu):
         runs[2].result.eval_loss = float("nan")
     elif bad == "stage 0 broke":
         runs[1] = _run(lesson.FULL, [], status=runner.ERROR)
+    elif bad == "not pretrained":  # a freshly initialised model: nothing for LoRA to adapt
+        assert any("starts pretrained" in s for s in _failed(runs, cpu, RANDOM_START))
+        return
+    elif bad == "held-out loss rose":  # LoRA ended above the pretrained model's 5.0
+        runs[0].result.eval_loss = 5.2
+    elif bad == "held-out loss missing":
+        runs[0].result.eval_loss = None
+    elif bad == "a training loss not finite":
+        runs[0].result.losses = [6.0, 5.8, float("inf"), 5.5, 5.4, 5.3]
     elif bad == "offload parted":
         runs[2].result.losses = [6.0, 5.5, 5.3, 4.8, 4.6, 4.5]
     elif bad == "fp16 masters parted early":
@@ -202,6 +216,47 @@ def fp16(cpu):
     import dataclasses
 
     return dataclasses.replace(cpu, precision="fp16")
+
+
+def test_each_run_is_held_to_the_pretrained_models_held_out_loss(cpu):
+    runs = _good_runs()
+    runs[1].result.eval_loss = 5.0  # stage 0 no better than before training: a failure
+    failed = _failed(runs, cpu)
+    assert failed == [f"{lesson.FULL}: the held-out loss fell below its loss before training "
+                      "(5.0000 -> 5.0000)"], failed
+
+
+def test_from_a_pretrained_start_noisy_training_losses_pass_and_from_a_random_one_they_fail(cpu):
+    runs = _good_runs()
+    runs[0].result.losses = [2.9, 3.1, 2.8, 3.0, 2.95, 3.05]  # batch noise around a level
+    assert _failed(runs, cpu) == []
+    failed = _failed(runs, cpu, RANDOM_START)
+    assert any(lesson.LORA_NAME in s and "the loss falls" in s for s in failed), failed
+
+
+def test_a_held_out_loss_that_rose_after_fp16_overflow_says_what_to_do(fp16):
+    runs = _good_runs()
+    runs[1].ds_config = {"fp16": {"enabled": True}}
+    runs[1].result.eval_loss, runs[1].result.skipped_steps = 5.3, 5
+    runs[1].result.steps_done = 6
+    failed = [s for s in _failed(runs, fp16) if s.startswith(lesson.FULL + ":")]
+    assert len(failed) == 1 and "barely trained" in failed[0] and "initial_scale_power" in failed[0]
+    lines = lesson.takeaways(runs, LARGEST, fp16, START)
+    assert any(l.startswith(f"{lesson.FULL}: fp16: 5 of 6") for l in lines), lines
+    assert lesson.precision_of({"bf16": {"enabled": True}}) == "bf16"
+    assert lesson.precision_of(None) == "fp32"
+
+
+def test_the_summary_says_whether_the_model_started_pretrained_and_every_run_gained(cpu):
+    runs = _good_runs()
+    text = lesson.summary(runs, [("a", True)], [("b", True)], START)
+    assert "the model starts pretrained: True" in text
+    assert "ended below the pretrained model's held-out loss: True" in text
+    runs[2].result.eval_loss = 5.1
+    assert "held-out loss: False" in lesson.summary(runs, [], [("b", True)], START)
+    assert "pretrained: False" in lesson.summary(runs, [], [], RANDOM_START)
+    line = lesson.takeaways(_good_runs(), LARGEST, cpu, START)[0]
+    assert "from 5.000 (the pretrained model) to 4.000 (-1.000) with LoRA" in line, line
 
 
 def test_in_fp16_plain_offload_follows_stage_0_within_notebook_05s_tolerance(fp16):
@@ -285,10 +340,12 @@ def test_the_benchmark_says_what_the_machine_did_not_emulate(cpu):
 
 
 def test_the_decision_table_has_one_row_per_method_and_says_when_to_pick_it(cpu):
-    table = lesson.decision_table(_good_runs(), LARGEST, cpu)
+    table = lesson.decision_table(_good_runs(), LARGEST, cpu, START)
     text = str(table)
     assert len(table.rows) == len(lesson.METHODS)
     assert "2.00B" in text and "pick it when" in text and "not tried" in text
+    assert "before: 5.000" in text and "4.000 (-1.000)" in text
+    assert "4.000 (-1.000)" in str(lesson.runs_table(_good_runs(), cpu, START))
 
 
 # ---- the saved adapter ------------------------------------------------------------------------
@@ -333,6 +390,24 @@ def test_a_lora_run_trains_the_adapters_only_and_scores_held_out_text(cpu, tmp_p
     assert result.n_trainable == memory.lora_params(info, lesson.LORA_RANK)
     assert result.n_params == info.n_params + result.n_trainable
     assert result.eval_loss is not None and 0 < result.eval_loss < 20
+
+
+def test_the_loss_before_training_is_scored_on_the_blocks_every_run_scores(cpu, tmp_path):
+    """A LoRA run at learning rate 0 changes nothing (B stays 0): its held-out loss after training
+    is the model's before, so held_out_before must read the runner's very blocks."""
+    from helpers import data, models
+
+    folder = models.save_offline_model(tmp_path / "model", "tiny")
+    text = data.write_offline_text(tmp_path / "train.txt", 60_000)
+    start = lesson.held_out_before(str(folder), str(text), 32, 2, 2)
+    assert start.vocab == memory.ModelInfo.from_pretrained(str(folder)).vocab
+    assert not start.pretrained  # freshly initialised: about ln(vocab)
+    runs = lesson.run_methods(str(folder), str(text), cpu, 2, 32, 3, 2, 0.0, 0.0,
+                              names=[lesson.LORA_NAME], progress=False)
+    assert runs[0].result.status == runner.OK, runs[0].result.message
+    assert runs[0].result.eval_loss == pytest.approx(start.eval_loss, abs=1e-5)
+    other = lesson.held_out_before(str(folder), str(text), 32, 2, 2, seed=1)
+    assert other.eval_loss != pytest.approx(start.eval_loss, abs=1e-5)  # other blocks differ
 
 
 # ---- LoRA under ZeRO-3 through the Trainer, saved and reloaded ----------------------------------

@@ -1,10 +1,12 @@
-"""Notebook 09, ZeRO or LoRA: one model, one text, one seed and one token budget trained every
-way a T4 allows, each run in a fresh process (helpers.runner), side by side: LoRA with PEFT (the
-model frozen, small adapters trained), full fine-tuning at stage 0, ZeRO-2 with CPU offload
-(pinned and unpinned buffers), ZeRO-3 with partial offload (notebook 05's variant), ZenFlow
-(with helpers.deepspeed_fixes' weight fix) and fp16 master weights. Then how large a model each
-trains inside a T4's envelope (helpers.memory's estimator), and a decision table. Also here: the
-LoRA adapter a ZeRO-3 Trainer saved, checked (its tensors must not be empty) and reloaded.
+"""Notebook 09, ZeRO or LoRA: one pretrained model, one text, one seed and one token budget
+fine-tuned every way a T4 allows, each run in a fresh process (helpers.runner) from the same
+weights, side by side: LoRA with PEFT (the model frozen, small adapters trained), full fine-tuning
+at stage 0, ZeRO-2 with CPU offload (pinned and unpinned buffers), ZeRO-3 with partial offload
+(notebook 05's variant), ZenFlow (with helpers.deepspeed_fixes' weight fix) and fp16 master
+weights; each scored on the same held-out blocks as the pretrained model before training
+(:func:`held_out_before`). Then how large a model each trains inside a T4's envelope
+(helpers.memory's estimator), and a decision table. Also here: the LoRA adapter a ZeRO-3 Trainer
+saved, checked (its tensors must not be empty) and reloaded.
 """
 
 from __future__ import annotations
@@ -126,6 +128,51 @@ class MethodRun:
     estimate: memory.Estimate | None = None
 
 
+@dataclass(frozen=True)
+class Start:
+    """The model before any training: its loss on the held-out blocks every run scores after
+    training, and its vocabulary (a freshly initialised model reads about ln(vocab))."""
+
+    eval_loss: float
+    vocab: int
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether the weights were trained already (:func:`helpers.claims.pretrained_start`)."""
+        return claims.pretrained_start(self.eval_loss, self.vocab)
+
+    def line(self) -> str:
+        return (f"held-out loss before training (the model as loaded, the blocks every run scores "
+                f"after training): {self.eval_loss:.3f}; ln(vocabulary {self.vocab:,}) = "
+                f"{math.log(self.vocab):.2f}")
+
+
+def held_out_before(model_path: str, text_path: str, seq_len: int, micro_batch: int,
+                    eval_batches: int, seed: int = 0) -> Start:
+    """The loss of ``model_path``'s weights as loaded on the held-out blocks every measured run
+    scores after training (helpers.runner: the text's last tenth, ``data.batches`` with the runs'
+    seed), in fp32, once, in this process (on the GPU where there is one; freed afterwards)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from helpers import data
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # fp32 weights whatever the checkpoint stores; PyTorch's own layers, no Hub kernels
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                 use_kernels=False)
+    if torch.cuda.is_available():
+        model.to("cuda")
+    _, held_out = data.split_held_out(Path(text_path).read_text())
+    blocks = data.batches(held_out, tokenizer, seq_len, micro_batch, eval_batches, seed=seed)
+    loss = runner.held_out_loss(model, blocks)
+    vocab = int(model.config.vocab_size)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return Start(loss, vocab)
+
+
 def lora_trainable(model: memory.ModelInfo) -> int:
     """The parameters :data:`LORA`'s adapters add to ``model`` (helpers.memory.lora_params)."""
     return memory.lora_params(model, LORA_RANK)
@@ -208,9 +255,11 @@ def _ok(runs: list[MethodRun]) -> dict[str, runner.RunResult]:
     return {r.method.name: r.result for r in runs if r.result.status == runner.OK}
 
 
-def runs_table(runs: list[MethodRun], environment: kit_env.Environment) -> Table:
+def runs_table(runs: list[MethodRun], environment: kit_env.Environment,
+               start: Start | None = None) -> Table:
     """Every method's run: status (DeepSpeed's error where it failed), trained parameters, peak
-    GPU (measured and predicted), peak host RSS, s/step, tokens/s, training and held-out loss."""
+    GPU (measured and predicted), peak host RSS, s/step, tokens/s, training loss, and held-out
+    loss after training (with its change from ``start``'s, the model before training)."""
     rows = []
     for r in runs:
         res = r.result
@@ -221,14 +270,23 @@ def runs_table(runs: list[MethodRun], environment: kit_env.Environment) -> Table
                      show.gib(res.peak_gpu_allocated_bytes), predicted,
                      show.gib(res.peak_host_rss_bytes or None), show.seconds(res.median_step_s),
                      "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}",
-                     show.loss_cell(res.losses), _eval_cell(res)))
+                     show.loss_cell(res.losses), _eval_cell(res, start)))
     return Table(["method", "status", "trained", "GPU GiB", "GPU predicted", "host RSS GiB",
-                  "s/step", "tokens/s", "loss", "held-out loss"], rows,
-                 title=f"Same model, text, seed and tokens, {environment.measured_on()}")
+                  "s/step", "tokens/s", "loss", _eval_header(start)], rows,
+                 title=f"Same pretrained model, text, seed and tokens, {environment.measured_on()}")
 
 
-def _eval_cell(result: runner.RunResult) -> str:
-    return "-" if result.eval_loss is None else f"{result.eval_loss:.3f}"
+def _eval_cell(result: runner.RunResult, start: Start | None = None) -> str:
+    """The held-out loss after training, and its change from the model's before (``start``)."""
+    if result.eval_loss is None:
+        return "-"
+    if start is None or not math.isfinite(result.eval_loss):
+        return f"{result.eval_loss:.3f}"
+    return f"{result.eval_loss:.3f} ({result.eval_loss - start.eval_loss:+.3f})"
+
+
+def _eval_header(start: Start | None) -> str:
+    return "held-out loss" if start is None else f"held-out loss (before: {start.eval_loss:.3f})"
 
 
 def plot(runs: list[MethodRun], environment: kit_env.Environment):
@@ -316,10 +374,19 @@ def largest_models(runs: list[MethodRun], micro_batch: int, seq_len: int) -> dic
 # ---- checks -----------------------------------------------------------------------------------
 
 
-def checks(runs: list[MethodRun], environment: kit_env.Environment,
+def precision_of(ds: dict | None) -> str:
+    """"fp16", "bf16" or "fp32": the precision a run's config trains in."""
+    ds = ds or {}
+    return next((p for p in ("fp16", "bf16") if ds.get(p, {}).get("enabled")), "fp32")
+
+
+def checks(runs: list[MethodRun], environment: kit_env.Environment, start: Start,
            gpu_rtol: float = 0.15) -> list[claims.Claim]:
-    """Each able to fail on a bad run: LoRA and full stage 0 ran, every other method ran or says
-    why; every run that went has a falling loss and a finite held-out loss; LoRA trained under 5%
+    """Each able to fail on a bad run: the model starts pretrained (``start``, its held-out loss
+    before training, well below ln(vocab)); LoRA and full stage 0 ran, every other method ran or
+    says why; every run that went has finite training losses (from a random start: a falling loss,
+    :func:`helpers.claims.training_loss_claim`) and a held-out loss below ``start``'s, on the same
+    blocks (where fp16 skipped steps for overflow, the claim says what to do); LoRA trained under 5%
     of the parameters; plain offload trained as stage 0 did (notebook 05's tolerance), pinned and
     partial offload as plain offload did;
     ZenFlow's first loss equals plain offload's, also where its loss then went non-finite in fp16
@@ -330,13 +397,21 @@ def checks(runs: list[MethodRun], environment: kit_env.Environment,
     ``gpu_rtol`` of LoRA's and stage 0's peaks."""
     ok = _ok(runs)
     first_tol, all_tol = offload.loss_tolerance(environment)
-    out = [("every method ran or hit a named limit (ZenFlow and fp16 master weights: or show "
+    out = [claims.pretrained_claim(start.eval_loss, start.vocab),
+           ("every method ran or hit a named limit (ZenFlow and fp16 master weights: or show "
             "DeepSpeed's refusal)", claims.every(row_explained(r) for r in runs)),
            (f"{LORA_NAME} ran", LORA_NAME in ok), (f"{FULL} ran", FULL in ok)]
+    configs = {r.method.name: r.ds_config for r in runs}
     for name, res in ok.items():
-        out.append(claims.loss_falls_claim(name, res.losses))
-        out.append((f"{name}: held-out loss finite ({_eval_cell(res)})",
-                    res.eval_loss is not None and math.isfinite(res.eval_loss)))
+        out.append(claims.training_loss_claim(name, res.losses, start.pretrained))
+        sentence, held = claims.held_out_claim(
+            start.eval_loss, math.nan if res.eval_loss is None else res.eval_loss)
+        sentence = f"{name}: {sentence.replace('fell', 'fell below its loss before training', 1)}"
+        if not held and res.skipped_steps:
+            sentence += "; " + claims.overflow_advice(res.skipped_steps,
+                                                      precision_of(configs.get(name)),
+                                                      res.steps_done or len(res.losses))
+        out.append((sentence, held))
     if LORA_NAME in ok:
         lora = ok[LORA_NAME]
         share = lora.n_trainable / lora.n_params if lora.n_params else 1.0
@@ -392,9 +467,10 @@ def checks(runs: list[MethodRun], environment: kit_env.Environment,
 
 
 def decision_table(runs: list[MethodRun], largest: dict[str, int],
-                   environment: kit_env.Environment) -> Table:
+                   environment: kit_env.Environment, start: Start | None = None) -> Table:
     """The table to read in ten seconds: method, what it trains, peak GPU, host RAM, s/step,
-    held-out loss, the largest model it trains on a T4, and when to pick it."""
+    held-out loss (and its change from ``start``'s, before training), the largest model it trains
+    on a T4, and when to pick it."""
     rows = []
     for r in runs:
         res, ran = r.result, r.result.status == runner.OK
@@ -402,9 +478,9 @@ def decision_table(runs: list[MethodRun], largest: dict[str, int],
         most = largest.get(r.method.name, 0)
         rows.append((r.method.name if ran else f"{r.method.name} ({res.status})", r.method.trains,
                      gpu, show.gib(res.peak_host_rss_bytes or None) if ran else "-",
-                     show.seconds(res.median_step_s) if ran else "-", _eval_cell(res),
+                     show.seconds(res.median_step_s) if ran else "-", _eval_cell(res, start),
                      f"{most / 1e9:.2f}B" if most else "none", r.method.pick_when))
-    return Table(["method", "trains", "GPU GiB", "host RAM GiB", "s/step", "held-out loss",
+    return Table(["method", "trains", "GPU GiB", "host RAM GiB", "s/step", _eval_header(start),
                   "largest on a T4", "pick it when"], rows, title="ZeRO or LoRA: which to pick")
 
 
@@ -458,8 +534,8 @@ def step_breakdown(offload: runner.RunResult, base: runner.RunResult) -> str:
 
 
 def takeaways(runs: list[MethodRun], largest: dict[str, int],
-              environment: kit_env.Environment) -> list[str]:
-    """Notebook 09's summary, from this run's figures."""
+              environment: kit_env.Environment, start: Start) -> list[str]:
+    """Notebook 09's summary, from this run's figures (``start``: the model before training)."""
     ok = _ok(runs)
     lines = []
     if LORA_NAME in ok and FULL in ok:
@@ -467,10 +543,10 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
         states = memory.lora_bytes_per_param(lora.n_params, lora.n_trainable)
         lines.append(f"LoRA trained {lora.n_trainable / 1e6:.2f}M of {lora.n_params / 1e6:.1f}M "
                      f"parameters ({states:.2f} bytes of model states per parameter in fp16, "
-                     f"against full fine-tuning's 16); held-out loss {_eval_cell(lora)} against "
-                     f"{_eval_cell(full)} for full fine-tuning after the same tokens (a freshly "
-                     f"initialised model, the offline default, has little for adapters to adapt: "
-                     f"set MODEL_NAME to a pretrained one to see LoRA's real case).")
+                     f"against full fine-tuning's 16); the held-out loss went from "
+                     f"{start.eval_loss:.3f} (the pretrained model) to {_eval_cell(lora, start)} "
+                     f"with LoRA and to {_eval_cell(full, start)} with full fine-tuning, after the "
+                     f"same tokens.")
     if ZENFLOW_NAME in ok and UNPINNED in ok:
         zen, plain = ok[ZENFLOW_NAME], ok[UNPINNED]
         lines.append(f"ZenFlow stepped in {zen.median_step_s:.2f} s against plain offload's "
@@ -481,6 +557,11 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
                      f"parameters, full fine-tuning at stage 0 up to {largest[FULL] / 1e9:.2f}B, "
                      f"with CPU offload up to {largest.get(UNPINNED, 0) / 1e9:.2f}B.")
     lines.append(offload_benchmark(runs, environment)[1] + ".")
+    for r in runs:  # fp16's loss scale at work: how many steps it skipped, and what to do if many
+        if r.result.status == runner.OK and r.result.skipped_steps:
+            lines.append(f"{r.method.name}: " + claims.overflow_advice(
+                r.result.skipped_steps, precision_of(r.ds_config),
+                r.result.steps_done or len(r.result.losses)))
     for r in runs:
         if r.result.status != runner.OK:
             lines.append(f"{r.method.name}: {r.result.status}: {r.result.message[:160]}")
@@ -488,11 +569,18 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
 
 
 def summary(runs: list[MethodRun], claims_held: list[claims.Claim],
-            adapter_held: list[claims.Claim]) -> str:
+            adapter_held: list[claims.Claim], start: Start) -> str:
     """Facts that read the same on a CPU and on a T4 (what nbval compares): the methods, whether
-    LoRA under ZeRO-3's adapter checks held (``adapter_held``), every row explained, every check."""
+    the model started pretrained and every run's held-out loss fell below its loss before
+    training, whether LoRA under ZeRO-3's adapter checks held (``adapter_held``), every row
+    explained, every check."""
+    ok = _ok(runs)
+    fell = claims.every(res.eval_loss is not None and claims.held_out_claim(
+        start.eval_loss, res.eval_loss)[1] for res in ok.values())
     return "\n".join([
         "methods: " + "; ".join(r.method.name for r in runs),
+        f"the model starts pretrained: {start.pretrained}",
+        f"every run that went ended below the pretrained model's held-out loss: {fell}",
         f"LoRA under ZeRO-3: adapter saved non-empty, reloaded with the same logits, trained as "
         f"on one GPU: {claims.every(held for _, held in adapter_held)}",
         f"every method ran or said why: "
