@@ -1,6 +1,7 @@
 """Notebook 07's checks (helpers.lessons.engine_and_accelerate) fail on bad runs: losses that differ at step 1, a path
-that recorded nothing, a loss that does not fall, a resume that drifted, reloaded logits that differ,
-ZeRO-3 weights that were not partitioned, a Trainer whose token count is off. Each bad input must
+that recorded nothing, a loss that does not fall (from random weights) or is not finite (from a
+pretrained start), a resume that drifted, reloaded logits that differ, ZeRO-3 weights that were not
+partitioned, a Trainer whose token count is off, a reloaded model that writes nothing. Each bad input must
 fail the claim it is about, and a good run must pass them all (so no test passes by accident)."""
 
 import math
@@ -14,7 +15,11 @@ import torch
 from helpers import claims, data
 from helpers.lessons import engine_and_accelerate
 
-GOOD = [6.02, 6.03, 6.05, 5.75, 5.53, 5.30, 5.09, 4.93, 4.70, 4.47, 4.32, 4.13]  # notebook 07 on a CPU
+GOOD = [6.02, 6.03, 6.05, 5.75, 5.53, 5.30, 5.09, 4.93, 4.70, 4.47, 4.32, 4.13]  # a tiny GPT-2 from scratch
+#: Notebook 07 on a CPU: SmolLM2-135M-Instruct fine-tuned on Python's documentation, 8 steps of
+#: 4 x 64 tokens: batch noise, no trend, while the held-out loss fell 3.3959 -> 3.1709. Healthy, and
+#: the trend rule fails it.
+PRETRAINED = [3.6233, 4.4283, 3.1377, 2.9729, 3.2681, 3.2093, 3.4798, 3.3216]
 
 
 def held(found, start):
@@ -111,6 +116,29 @@ def test_a_loss_that_does_not_fall_fails_on_every_path():
     assert held(found, "step 1:") and held(found, "trainer: every step")  # they agree, and still
     for path in ("engine", "accelerate", "trainer"):
         assert not held(found, f"{path}: the loss falls")
+
+
+def test_a_healthy_pretrained_run_fails_the_trend_rule_and_passes_as_a_fine_tune():
+    found = engine_and_accelerate.compare(three(PRETRAINED, PRETRAINED, PRETRAINED), "fp32")
+    assert not held(found, "engine: the loss falls")  # why the trend rule is not asked of it
+    found = engine_and_accelerate.compare(three(PRETRAINED, PRETRAINED, PRETRAINED), "fp32",
+                                          steps=len(PRETRAINED), pretrained=True)
+    assert claims.failed(found) == []
+    assert held(found, "engine from a pretrained start")
+
+
+@pytest.mark.parametrize("bad, why", [
+    (PRETRAINED[:-1] + [math.nan], "a loss that is not a number"),
+    (PRETRAINED[:3] + [math.inf] + PRETRAINED[4:], "an overflowed loss"),
+])
+def test_a_pretrained_run_with_a_loss_that_is_not_finite_fails(bad, why):
+    found = engine_and_accelerate.compare(three(bad, bad, bad), "fp32", pretrained=True)
+    assert not held(found, "engine from a pretrained start"), why
+
+
+def test_a_pretrained_run_too_short_to_judge_fails():
+    found = engine_and_accelerate.compare(three(*[PRETRAINED[:2]] * 3), "fp32", pretrained=True)
+    assert not held(found, "trainer from a pretrained start")
 
 
 def test_a_diverging_loss_fails():
@@ -218,6 +246,23 @@ def test_expected_trainer_ratio_by_model_class(tmp_path):
     assert engine_and_accelerate.expected_trainer_ratio(str(tmp_path / "llama"), 64) == 1.0
 
 
+def test_the_reloaded_model_must_write_something():
+    assert engine_and_accelerate.continuation_claim("The for statement", " iterates", " loops")[1]
+    assert engine_and_accelerate.continuation_claim("The for statement", " iterates", " iterates")[1]
+    for empty in ("", "   ", "\n\n"):  # only special tokens, decoded without them; or blanks
+        assert not engine_and_accelerate.continuation_claim("The for statement", " x", empty)[1]
+
+
+def test_the_takeaways_quote_the_held_out_loss_and_the_samples():
+    lines = engine_and_accelerate.takeaways(
+        three(PRETRAINED, PRETRAINED, PRETRAINED), "fp32", 2, 4, True, 0.0, (0, 10), 0.0, 1.0, 1.0,
+        held_out=(3.3959, 3.1709), samples=("The for statement", " a", " b"))
+    assert "from 3.3959 to 3.1709 (lower)" in lines[0] and "' b'" in lines[1]
+    worse = engine_and_accelerate.takeaways(
+        three(), "fp32", 2, 4, True, 0.0, (0, 10), 0.0, 1.0, 1.0, held_out=(3.3, 3.5))
+    assert "NOT lower" in worse[0]
+
+
 def test_the_trainer_sentence_says_which_case():
     assert "1.56% low" in engine_and_accelerate.trainer_sentence(63 / 64, 63 / 64)
     assert "0.39% low" in engine_and_accelerate.trainer_sentence(255 / 256, 255 / 256)  # not "already names": bf16 ran so
@@ -253,8 +298,9 @@ def test_resolve_text_keeps_a_file_and_writes_the_corpus_otherwise(tmp_path):
     mine = tmp_path / "mine.txt"
     mine.write_text("hello\n")
     assert data.resolve_text(str(mine), tmp_path, 1000) == str(mine)
-    written = data.resolve_text(None, tmp_path, 1000)
-    assert written != str(mine) and len(open(written).read()) == 1000
+    written = data.resolve_text(None, tmp_path, 1000)  # Python's documentation, cut at a line's end
+    text = open(written).read()
+    assert written != str(mine) and 0 < len(text) <= 1000 and text.endswith("\n")
     with pytest.raises(FileNotFoundError, match="TEXT_FILE .* is not a file"):  # a typo, not the corpus
         data.resolve_text(str(tmp_path / "typo.txt"), tmp_path, 1000)
 

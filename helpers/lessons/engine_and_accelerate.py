@@ -1,6 +1,6 @@
 """Notebook 07, the engine by hand, then Accelerate: measuring, plotting and checking one DeepSpeed
-config trained three ways (the engine by hand, Accelerate, the Trainer), a checkpoint resumed, and
-ZeRO-2 / ZeRO-3 checkpoints turned into ``from_pretrained`` folders.
+config fine-tuning a pretrained model three ways (the engine by hand, Accelerate, the Trainer), a
+checkpoint resumed, and ZeRO-2 / ZeRO-3 checkpoints turned into ``from_pretrained`` folders.
 
 The training code itself stands in the notebook's visible ``lesson`` cells, which import no kit
 module; this module only prepares offline files, compares what those cells recorded, and decides
@@ -61,10 +61,13 @@ def largest_difference(losses: Sequence[float], reference: Sequence[float]) -> f
 
 
 def compare(losses: Mapping[str, Sequence[float]], precision: str, reference: str = "engine",
-            steps: int | None = None) -> list[claims.Claim]:
+            steps: int | None = None, pretrained: bool = False) -> list[claims.Claim]:
     """The claims that every path trained the same: each recorded its losses (``steps`` of them when
     given), the first losses agree within the first-step tolerance, every later loss within the
-    every-step tolerance, and each path's loss falls. An empty comparison fails."""
+    every-step tolerance, and each path's training losses pass :func:`helpers.claims.training_loss_claim`
+    (from random weights the loss falls as a trend; from a ``pretrained`` start, where batch noise
+    outweighs a few steps' progress, every loss is finite and the held-out loss carries the
+    evidence). An empty comparison fails."""
     tol = tolerance(precision)
     ref = list(losses.get(reference, []))
     others = [p for p in losses if p != reference]
@@ -88,7 +91,7 @@ def compare(losses: Mapping[str, Sequence[float]], precision: str, reference: st
         out.append((f"{path}: every step within {tol.every_step:g} of the {reference}'s loss ({shown})",
                     bool(ref) and len(other) == len(ref)
                     and claims.every(claims.within(a, b, tol.every_step) for a, b in zip(other, ref))))
-    out += [claims.loss_falls_claim(path, list(values)) for path, values in losses.items()]
+    out += [claims.training_loss_claim(path, list(values), pretrained) for path, values in losses.items()]
     return out
 
 
@@ -172,6 +175,13 @@ def matches_claim(label: str, losses: Sequence[float], reference: Sequence[float
     return f"{label}: the same losses as the ZeRO-2 engine's first {len(losses)} steps within {tol:g} ({shown})", held
 
 
+def continuation_claim(prompt: str, before: str, after: str) -> claims.Claim:
+    """The reloaded, fine-tuned model still writes: its greedy continuation of the prompt holds
+    text (not only blanks or special tokens, which a broken save or a wrecked model gives)."""
+    return (f"the reloaded model continues {prompt!r}: {after!r} (before training: {before!r})",
+            bool(after and after.strip()))
+
+
 # ---- the Trainer's token count ------------------------------------------------------------------
 
 
@@ -205,7 +215,8 @@ def trainer_first_loss(model_name: str, dataset, args, trainer=None) -> float | 
     if trainer is not None:
         zero2_training.free_memory(trainer)
     one_step = dataclasses.replace(args, max_steps=1, output_dir=tempfile.mkdtemp(prefix="kit07_trainer_"))
-    model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
+    # use_kernels=False, as in the lesson: no Hub kernels fetched on a CUDA GPU (offline that fails)
+    model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32, use_kernels=False)
     probe = Trainer(model=model, args=one_step, train_dataset=dataset, data_collator=default_data_collator)
     probe.train()
     first = next((log["loss"] for log in probe.state.log_history if "loss" in log), None)
@@ -272,14 +283,26 @@ def plot(losses: Mapping[str, Sequence[float]], precision: str, reference: str =
 
 def takeaways(losses: Mapping[str, Sequence[float]], precision: str, stage: int, save_at: int,
               resumed_ok: bool, zero2_diff: float, zero3_counts: tuple[int, int], zero3_diff: float,
-              trainer_ratio: float | None, expected_ratio: float) -> list[str]:
-    """Three to five sentences quoting this run's own figures."""
+              trainer_ratio: float | None, expected_ratio: float,
+              held_out: tuple[float, float] | None = None,
+              samples: tuple[str, str, str] | None = None) -> list[str]:
+    """Five to seven sentences quoting this run's own figures: ``held_out`` is the held-out loss
+    (before, after), ``samples`` the prompt and its continuations (before, after)."""
     ref = list(losses.get("engine", []))
     worst = max((largest_difference(v, ref) or 0.0) for p, v in losses.items() if p != "engine") if ref else math.nan
     firsts = ", ".join(f"{p} {v[0]:.4f}" for p, v in losses.items() if v)
     lasts = ", ".join(f"{p} {v[-1]:.4f}" for p, v in losses.items() if v)
     local, full = zero3_counts
-    return [
+    learned = []
+    if held_out is not None:
+        before, after = held_out
+        learned.append(f"Fine-tuning moved the held-out loss (the same blocks, never trained on) from "
+                       f"{before:.4f} to {after:.4f} ({'lower' if after < before else 'NOT lower'}).")
+    if samples is not None:
+        prompt, said_before, said_after = samples
+        learned.append(f"{prompt!r} continued before training: {said_before!r}; after, from the "
+                       f"reloaded folder: {said_after!r}.")
+    return [*learned,
         f"One file, ds_config.json (ZeRO stage {stage}, {precision}), trained the same weights on the same "
         f"batches three ways: first losses {firsts}; last {lasts}; the paths were never more than "
         f"{worst:.1e} apart (relative).",
@@ -322,6 +345,16 @@ def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) 
     """``folder``/train.py: this notebook's parameters cell, ``values``, its lesson cells as this
     kernel last ran them (a learner's edits included: helpers.launch.as_last_run)."""
     return launch.write_train_script(folder, values, NOTEBOOK)
+
+
+def release_kernel_memory() -> tuple[int, int]:
+    """Before the launches: the kernel's freed models and engines handed back to the operating
+    system (garbage, cached GPU blocks, glibc's free heap; :func:`helpers.lessons.biggest_model.
+    release_kernel_memory`), so that the launched ranks, each loading the model again, have the
+    memory. Returns this kernel's RSS (bytes) before and after."""
+    from helpers.lessons import biggest_model
+
+    return biggest_model.release_kernel_memory()
 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
