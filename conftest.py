@@ -4,7 +4,9 @@ The kernels are separate processes started in notebooks/: only environment varia
 so everything here is an environment variable set before collection.
 """
 
+import fcntl
 import os
+import tempfile
 
 # Quiet, offline, reproducible kernels: no progress bars, no Hub, no debugger warnings.
 for key, value in {
@@ -56,6 +58,39 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+#: Notebooks that fine-tune the real 135M model with several processes at once (two launched ranks
+#: beside the kernel: about 18 GB of RAM at their peak on a CPU), and their lesson scripts: they take
+#: turns under one lock file, so that two never add up on a machine of 24 GB.
+REAL_MODEL_NOTEBOOKS = ("04_zero2_training", "07_engine_and_accelerate", "09_zero_or_lora")
+REAL_MODEL_LOCK = os.path.join(tempfile.gettempdir(), "zero-kit-real-model.lock")
+_held = None  # the lock file while this worker runs a real-model notebook or script
+
+
+def real_model_run(path, nodeid: str) -> bool:
+    """Whether a test is one of the real model's heavy runs (a cell of its notebooks, a lesson script)."""
+    return (path.suffix == ".ipynb" and path.stem in REAL_MODEL_NOTEBOOKS) or (
+        path.name == "test_lesson_scripts.py" and "are_a_script_that_trains" in nodeid
+        and any(f"[{nb}" in nodeid for nb in REAL_MODEL_NOTEBOOKS))
+
+
+@pytest.hookimpl(tryfirst=True)  # before the notebook's kernel starts
+def pytest_runtest_setup(item):
+    global _held
+    if _held is None and real_model_run(item.path, item.nodeid):
+        _held = open(REAL_MODEL_LOCK, "w")
+        fcntl.flock(_held, fcntl.LOCK_EX)  # waits while the other worker runs one
+
+
+@pytest.hookimpl(trylast=True)  # after the notebook's kernel has shut down
+def pytest_runtest_teardown(item, nextitem):
+    global _held
+    same_notebook = (nextitem is not None and item.path.suffix == ".ipynb"
+                     and nextitem.path == item.path)
+    if _held is not None and not same_notebook:
+        _held.close()  # releases the lock
+        _held = None
 
 
 def pytest_collectstart(collector):

@@ -129,6 +129,20 @@ def skipped_claim(skipped_steps: int, steps: int) -> Claim:
             f" ({skipped_steps})", steps > 0 and skipped_steps <= MAX_SKIPPED_SHARE * steps)
 
 
+def relative_logit_difference(trained, reloaded) -> float:
+    """The largest |difference| of two logits tensors, relative to the largest |logit| of the first
+    (inf when the shapes differ or a value is not finite, so a wrong model cannot pass). Relative:
+    a pretrained model's logits reach tens, and half precision rounds them in the third digit."""
+    a, b = trained.detach().float().cpu(), reloaded.detach().float().cpu()
+    if a.shape != b.shape:
+        return math.inf
+    scale = float(a.abs().max())
+    diff = float((a - b).abs().max())
+    if not math.isfinite(diff):
+        return math.inf
+    return 0.0 if diff == 0 else diff / scale if scale else math.inf
+
+
 def failed(claims: Sequence[Claim]) -> list[str]:
     """The sentences of the claims that did not hold."""
     return [sentence for sentence, held in claims if not held]

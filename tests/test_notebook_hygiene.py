@@ -102,3 +102,19 @@ def test_notebooks_call_only_public_helper_names():
                 found += [f"{path.name}: {m.group(0)}" for m in re.finditer(r"\b(\w+)\._\w+", nbtool.source(cell))
                           if m.group(1) in aliases]
     assert found == []
+
+
+def test_the_real_model_runs_are_the_heavy_notebooks_and_their_scripts():
+    from pathlib import Path
+
+    import conftest
+
+    nb = Path("notebooks")
+    assert conftest.real_model_run(nb / "04_zero2_training.ipynb", "x::Cell 3")
+    assert conftest.real_model_run(nb / "09_zero_or_lora.ipynb", "x::Cell 0")
+    assert not conftest.real_model_run(nb / "05_stages_and_offload.ipynb", "x::Cell 0")
+    scripts = Path("tests/test_lesson_scripts.py")
+    assert conftest.real_model_run(scripts, "t::test_parameters_and_lesson_cells_are_a_script_that_trains"
+                                            "[07_engine_and_accelerate-stage3]")
+    assert not conftest.real_model_run(scripts, "t::test_parameters_and_lesson_cells_are_a_script_that_trains"
+                                                "[05_stages_and_offload]")

@@ -75,7 +75,7 @@ def test_save_reload_gives_equal_logits(trained, tmp_path):
     assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) <= 1e-5
     with torch.no_grad():
         reloaded.lm_head.weight.add_(0.1)  # a model that is not the same must show a difference
-    assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) > zero2_training.RELOAD_TOL
+    assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) > zero2_training.reload_tolerance("fp16")
 
 
 def test_resume_continues_at_the_same_step_and_loss(trained):

@@ -110,16 +110,8 @@ def resume_claim(uninterrupted: Sequence[float], resumed: Sequence[float], start
 
 
 def logit_difference(trained, reloaded) -> float:
-    """The largest |difference| of two logits tensors, relative to the largest |logit| of the first
-    (inf when the shapes differ, so a wrong model cannot pass)."""
-    a, b = trained.detach().float().cpu(), reloaded.detach().float().cpu()
-    if a.shape != b.shape:
-        return math.inf
-    scale = float(a.abs().max())
-    diff = float((a - b).abs().max())
-    if not math.isfinite(diff):
-        return math.inf
-    return 0.0 if diff == 0 else diff / scale if scale else math.inf
+    """claims.relative_logit_difference: relative to the largest |logit| of ``trained``."""
+    return claims.relative_logit_difference(trained, reloaded)
 
 
 def logits_claim(label: str, difference: float | None, precision: str) -> claims.Claim:
