@@ -75,6 +75,9 @@ def test_save_reload_gives_equal_logits(trained, tmp_path):
     assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) <= 1e-5
     with torch.no_grad():
         reloaded.lm_head.weight.add_(0.1)  # a model that is not the same must show a difference
+    assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) > zero2_training.reload_tolerance("fp32")
+    with torch.no_grad():  # other weights (a reload of the untrained model, say): past half precision's too
+        reloaded.lm_head.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(1))
     assert zero2_training.logit_difference(run.trainer.model, reloaded, probe) > zero2_training.reload_tolerance("fp16")
 
 
