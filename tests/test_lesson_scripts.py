@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -200,8 +201,13 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
     env["PYTHONPATH"] = without_repo(os.environ.get("PYTHONPATH", ""))
     env.update(KIT_SMOKE="1", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), TQDM_DISABLE="1",
                MPLBACKEND="agg", HF_DATASETS_CACHE=str(tmp_path / "datasets"))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+    finally:  # checkpoints of the real model: about 12 GB a run, which pytest would keep
+        for written in (work / "out", *work.glob("checkpoint*"), *work.glob("trainer")):
+            if written.is_dir() and path.stem not in CONFIG_LESSONS:
+                shutil.rmtree(written, ignore_errors=True)
     tail = (done.stdout + done.stderr)[-4000:]
     assert done.returncode == 0, f"{script.name} exited {done.returncode}:\n{tail}"
     if path.stem in CONFIG_LESSONS:
