@@ -233,6 +233,10 @@ def launched(launcher: str, returncode: int, log_file: str | os.PathLike, second
     return Launched(launcher, returncode, launched_losses(output, label), seconds, output[-3000:])
 
 
+#: Lines of a failed launch's log that its claim quotes.
+LOG_LINES_SHOWN = 15
+
+
 def launch_claims(runs: Sequence[Launched], steps: int,
                   matches: Callable[[str, list[float]], claims.Claim]) -> list[claims.Claim]:
     """Each able to fail: both launchers ran, each exited 0, printed ``steps`` losses, and those
@@ -240,8 +244,10 @@ def launch_claims(runs: Sequence[Launched], steps: int,
     out = [("train.py ran under both launchers",
             {r.launcher for r in runs} == {"deepspeed", "accelerate launch"})]
     for r in runs:
-        out.append((f"{r.launcher}: train.py exited 0 (exit code {r.returncode})",
-                    r.returncode == 0))
+        label = f"{r.launcher}: train.py exited 0 (exit code {r.returncode})"
+        if r.returncode != 0:  # what went wrong, where a failed check is all a CI log shows
+            label += "; its log ends:\n" + "\n".join(r.tail.splitlines()[-LOG_LINES_SHOWN:])
+        out.append((label, r.returncode == 0))
         label, held = matches(f"{r.launcher}: the launched run", r.losses)
         out.append((f"{label}, all {steps} steps", held and len(r.losses) == steps))
     return out

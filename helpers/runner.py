@@ -793,6 +793,7 @@ class PhaseTrace:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._sample_forever, daemon=True)
         self._high_water = high_water_bytes()  # at the current phase's start
+        self.samples = 0  # how many times the sampling thread has read RSS so far
         # On Linux a process started by fork and exec inherits its parent's RSS at the fork as its
         # first high-water mark: only a mark above this one is the process's own.
         self.inherited_high_water = self._high_water
@@ -807,6 +808,7 @@ class PhaseTrace:
     def _sample_forever(self) -> None:
         while not self._done.wait(self._interval):
             self._sample()
+            self.samples += 1
 
     def _close_current(self) -> None:
         """Sample the last moments of the phase being left; where the kernel's high-water mark rose

@@ -13,7 +13,10 @@ def test_a_transient_shows_in_its_phase_and_not_in_the_others():
     time.sleep(0.05)
     trace.enter("spike")
     block = b"\x01" * (200 * MB)  # written, so resident
-    time.sleep(0.05)
+    # held until the thread has sampled a few times (on a loaded machine 50 ms may hold none)
+    taken, deadline = trace.samples, time.monotonic() + 30
+    while trace.samples < taken + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     del block
     trace.enter("after")
     time.sleep(0.05)

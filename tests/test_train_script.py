@@ -145,6 +145,22 @@ def test_a_bad_trainer_launch_fails_notebook_04s_claims(processes, runs):
     assert claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", processes))
 
 
+def test_a_failed_launch_quotes_the_end_of_its_log():
+    """A CI log shows only the failed claims: the launch's own last lines must be in one."""
+    from helpers.lessons import zero2_training
+
+    tail = "\n".join(f"line {i}" for i in range(40)) + "\nRuntimeError: gloo: connection closed"
+    runs = [launch.Launched("deepspeed", -122, [], 1.0, tail), _trainer_run("accelerate launch")]
+    bad = claims.failed(zero2_training.launch_claims(runs, FIRST, "fp32", 1))
+    quoted = [b for b in bad if "exit code -122" in b]
+    assert quoted and "RuntimeError: gloo: connection closed" in quoted[0]
+    assert "line 0\n" not in quoted[0]  # the end, not the whole log
+    good = claims.failed(zero2_training.launch_claims([_trainer_run("deepspeed"),
+                                                        _trainer_run("accelerate launch")],
+                                                       FIRST, "fp32", 1))
+    assert not any("log ends" in b for b in good)
+
+
 @pytest.mark.parametrize("processes, other", [(1, (6.0, 5.5, 5.0, 4.6)), (2, (6.2, 5.1, 4.4, 4.0))])
 def test_a_good_trainer_launch_passes_notebook_04s_claims(processes, other):
     """One process: the notebook's losses; two ranks: other batches, a loss that falls."""
