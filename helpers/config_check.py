@@ -126,6 +126,28 @@ def _quiet():
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _deepspeed_warnings():
+    """Collect what DeepSpeed's logger warns (a list of messages) instead of printing it."""
+    from deepspeed.utils import logger
+
+    said: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    level, handlers, propagate = logger.level, list(logger.handlers), logger.propagate
+    collect = Collect(logging.WARNING)
+    logger.handlers, logger.propagate = [collect], False
+    logger.setLevel(logging.WARNING)
+    try:
+        yield said
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
+        logger.setLevel(level)
+
+
 def _read_with(data: dict) -> Exception | None:
     """Run DeepSpeedConfig's readers on ``data`` (no batch rules, no torch.distributed); their error, if any."""
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -331,6 +353,7 @@ class _Rule:
     fails: str = ""
     parse: bool = False
     infinite: bool = False    # float("inf") allowed too (the number never reached)
+    exact: bool = False       # "int": only an int (C++ takes it); else a whole float (1e5) too
 
     def allows(self, value) -> bool:
         if value is None:
@@ -340,7 +363,10 @@ class _Rule:
         if self.kind == "bool":
             return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
         if self.kind in ("int", "number"):
-            ok = isinstance(value, int) if self.kind == "int" else isinstance(value, (int, float))
+            # Python arithmetic runs a whole float as its int (global_steps % 1e5): JSON writers
+            # and Python's 1e5 give one; only a value handed to C++ must be an int
+            whole = isinstance(value, float) and value.is_integer() and not self.exact
+            ok = (isinstance(value, int) or whole) if self.kind == "int" else isinstance(value, (int, float))
             if not ok or isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
                 return False
             return self.low is None or (value > self.low if self.above else value >= self.low)
@@ -356,6 +382,7 @@ class _Rule:
         if self.kind in ("int", "number"):
             bound = f" {'>' if self.above else '>='} {self.low:g}" if self.low is not None else ""
             text = ("a whole number" if self.kind == "int" else "a number") + bound
+            text += " written without a decimal point" if self.exact else ""
             text += " (or infinity)" if self.infinite else ""
         elif self.kind == "choice":
             text = "one of: " + ", ".join(self.choices)
@@ -386,8 +413,9 @@ def _rules() -> dict[str, _Rule]:
                  fails="get_communication_data_type (runtime/config.py) raises ValueError")
     dtype = _Rule("choice", choices=dtypes, null=True,
                   fails="deepspeed.initialize resolves it with DtypeEnum (engine.py), which raises ValueError")
-    aio_int = _Rule("int", 1, fails="the NVMe swapper hands it to the C++ aio handle, or divides by it "
-                                    "(swap_tensor/optimizer_utils.py aligned_bytes), when it starts")
+    aio_int = _Rule("int", 1, exact=True,
+                    fails="the NVMe swappers (of parameters and of optimizer states) hand it to the C++ "
+                          "aio handle, which takes an int, or divide by it, when they start")
     aio_bool = _Rule("bool", fails="the C++ aio handle (ops/csrc/aio) takes a bool and refuses anything else")
     pipe_bool = _Rule("bool", level="warning", fails="with a PipelineModule, PipelineEngine asserts it is a bool")
     return {
@@ -435,9 +463,22 @@ def _rules() -> dict[str, _Rule]:
     }
 
 
-def _default_rule(default) -> _Rule | None:
+#: Keys DeepSpeed reads without checking, whose whole-float value (3.0) fails where it is used;
+#: elsewhere a whole float runs as its int (tests/test_config_check.py asks DeepSpeed, key by key).
+_WHOLE_FLOAT_FAILS = {
+    "flops_profiler.top_modules": "the flops profiler slices its list of modules with it, and a "
+                                  "float slice raises TypeError when the profile prints",
+    "flops_profiler.module_depth": "the flops profiler walks range(module_depth) when the profile "
+                                   "prints (-1 means every depth), and range() of a float raises "
+                                   "TypeError",
+}
+
+
+def _default_rule(default, path: str = "") -> _Rule | None:
     """For a key DeepSpeed reads without checking: its default's type, as a warning."""
     unchecked = f"DeepSpeed reads it without checking (its default is {default!r})"
+    if path in _WHOLE_FLOAT_FAILS:
+        return _Rule("int", level="warning", null=True, exact=True, fails=_WHOLE_FLOAT_FAILS[path])
     if isinstance(default, bool):
         return _Rule("bool", level="warning", fails="DeepSpeed only tests it for truth: any non-empty string, "
                                                     '"false" too, counts as true')
@@ -469,18 +510,55 @@ def _rule_problems(config: dict, parsed: dict, autos: list[str]) -> list[Problem
     out = []
     aio_used = _aio_used(config)
     for path, value, default in _leaves(config, parsed):
-        rule = _rules().get(path) or _default_rule(default)
+        rule = _rules().get(path) or _default_rule(default, path)
         if rule is None or rule.allows(value) or not _applies(path, config, autos):
             continue
         level, why = rule.level, rule.fails
         if path.startswith("aio.") and not aio_used:
             level = "warning"
             why = f"nothing reads the aio section here (no NVMe offload, no checkpoint writer), but {why}"
+        elif level == "error" and rule.parse and (err := _refusal(path, value, config)):
+            # the failure DeepSpeed really raises for this value (False.upper() is no
+            # DeepSpeedConfigError), not the one its code raises for most bad values
+            why = (f"DeepSpeed refuses it as it reads the config: {type(err).__name__} "
+                   f"({_one_line(err)})")
         elif level == "error":
             where = "DeepSpeed refuses it as it reads the config" if rule.parse else "DeepSpeed does not declare this"
             why = f"{where}; {why}"
         out.append(Problem(level, path, f"{json.dumps(value)} is not {rule.wanted()}: {why}.", rule.fix()))
     return out
+
+
+def _refusal(path: str, value, config: dict) -> Exception | None:
+    """The error DeepSpeedConfig raises for ``value`` at ``path`` (its readers on that key alone;
+    for a batch size, its batch rules on the config's three), or None."""
+    if path not in _BATCH:
+        return _read_with(_nested(path, value))
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        with _quiet():
+            DeepSpeedConfig({k: config[k] for k in _BATCH if k in config})
+    except Exception as err:  # noqa: BLE001 - any failure is DeepSpeed refusing the value
+        return err
+    return None
+
+
+def _nested(path: str, value) -> dict:
+    """``{"a": {"b": value}}`` for the path "a.b"."""
+    out: dict = {}
+    node = out
+    *sections, key = path.split(".")
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[key] = value
+    return out
+
+
+def _one_line(err: Exception, width: int = 160) -> str:
+    """An exception's first line, whole words, at most ``width`` characters."""
+    line = (str(err).strip().splitlines() or [""])[0]
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def _applies(path: str, config: dict, autos: list[str]) -> bool:
@@ -701,6 +779,43 @@ def _key_problems(config: dict) -> list[Problem]:
     return out
 
 
+#: Sections whose values DeepSpeed passes on as keyword arguments from "params" only.
+_PARAMS_SECTIONS = ("optimizer", "scheduler")
+
+
+def _home_of(path: str, key: str) -> tuple[str, bool] | None:
+    """Where an unknown ``key`` at ``path`` belongs, when it is a known key one level off: (the
+    section it goes in, "" for the top level, and False), inside "params" (``optimizer.lr``) or in
+    another section (``overlap_comm`` at the top level); (the section, True) for the section its
+    name starts (``csv`` for ``csv_monitor``); None when it is no known key."""
+    parent = path.rpartition(".")[0]
+    if parent in _PARAMS_SECTIONS:
+        return f"{parent}.params", False
+    known = known_keys()
+    homes = sorted((section for section, keys in known.items() if key in keys and section != parent),
+                   key=lambda section: (not section.startswith(f"{parent}."), section.count("."), section))
+    if homes:
+        return homes[0], False
+    started = [k for k in known.get(parent, ()) if k.startswith(f"{key}_") and _is_section(_join(parent, [k]))]
+    return (_join(parent, [started[0]]), True) if len(started) == 1 else None
+
+
+def _misplaced(path: str, key: str, refused: bool = False) -> Problem | None:
+    """An error for a known key in the wrong place: DeepSpeed ignores it there (``refused``: its
+    model rejects it), so the setting meant is not applied; the fix says where it goes."""
+    home = _home_of(path, key)
+    if home is None:
+        return None
+    section, renamed = home
+    does = "rejects it" if refused else "ignores it"
+    if renamed:
+        return Problem("error", path, f"unknown key '{key}': DeepSpeed {does}, and the section "
+                       f"'{section}' is not applied.", f"Rename '{path}' to '{section}'.")
+    into = f'"{section}"' if section else "the top level"
+    return Problem("error", path, f"'{key}' is not read here: it belongs in {into}, and DeepSpeed "
+                   f"{does} where it stands.", f"Move '{key}' into {into}.")
+
+
 def _unknown(path: str, key: str, allowed, top: bool, value=None) -> Problem:
     """An unknown key: at the top level an error when it looks like a typo (DeepSpeed would drop the section
     silently), else a warning, as in sections DeepSpeed reads key by key (it ignores what it does not look up).
@@ -710,6 +825,8 @@ def _unknown(path: str, key: str, allowed, top: bool, value=None) -> Problem:
     ``sequence_parallel_size``)."""
     hint, meant = _suggest(key, allowed), _closest(key, allowed)
     comment = key.startswith("_")
+    if not comment and not hint and (misplaced := _misplaced(path, key)):
+        return misplaced
     if top and meant and (comment or (isinstance(value, dict) and not _is_section(meant))):
         why = "a leading '_' marks a comment" if comment else f"'{meant}' takes a single value"
         return Problem("warning", path, f"unknown key '{key}': DeepSpeed ignores it (no typo of "
@@ -797,7 +914,10 @@ def _forbidden(path: str, key: str, model) -> Problem:
         other = info.alias if key != info.alias else _name_of(model, info)
         return Problem("error", path, f"'{key}' and '{other}' are the same setting, given twice: DeepSpeed reads "
                        f"'{info.alias}' and rejects the other.", f"Keep one of them (remove '{key}').")
-    hint = _suggest(key, _fields(model)) or "See DeepSpeed's config docs for the allowed keys."
+    hint = _suggest(key, _fields(model))
+    if not hint and (misplaced := _misplaced(path, key, refused=True)):
+        return misplaced
+    hint = hint or "See DeepSpeed's config docs for the allowed keys."
     return Problem("error", path, f"unknown key '{key}' (DeepSpeed rejects it).", f"{hint} Rename or remove '{path}'.")
 
 
@@ -1185,6 +1305,12 @@ def _optimizer_problems(config: dict, autos: list[str]) -> list[Problem]:
         out += _built("optimizer.params", lambda torch, p: getattr(torch.optim, name)([p], **params), params)
     if name.lower() in ours:
         out += _deepspeed_optimizer_problems(config, name.lower(), params)
+    if name.lower() == "adamw" and params.get("adam_w_mode", True) is False:
+        out.append(Problem("warning", "optimizer.params.adam_w_mode", '"type": "AdamW" builds AdamW '
+                           "whatever adam_w_mode says (engine.py: effective_adam_w_mode = name == "
+                           "'adamw' or adam_w_mode): weight decay stays decoupled, not Adam's L2.",
+                           'For Adam with L2 weight decay write "type": "Adam" with "adam_w_mode": '
+                           "false; else remove adam_w_mode."))
     return out + _untested_problems(config, name)
 
 
@@ -1339,18 +1465,25 @@ def _built(path: str, make, params: dict) -> list[Problem]:
     """Build an optimizer or scheduler on a dummy tensor; its error, at the parameter it names, as a Problem."""
     import torch
 
-    try:
-        with _quiet(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            make(torch, torch.zeros(1, requires_grad=True))
-        return []
-    except Exception as err:  # noqa: BLE001 - whatever DeepSpeed or torch raise when they build it
-        words = [a or b for a, b in re.findall(r"'(\w+)'|\b([a-z]\w*_\w+)\b", str(err))]
+    def at(message: str) -> str:  # the parameter a message names
+        words = [a or b for a, b in re.findall(r"'(\w+)'|\b([a-z]\w*_\w+)\b", message)]
         words = [w for w in words if not w.startswith("_")]
         named = [w for w in words if w in params] or words
-        return [Problem("error", f"{path}.{named[0]}" if named else path,
+        return f"{path}.{named[0]}" if named else path
+
+    try:
+        with _deepspeed_warnings() as said, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make(torch, torch.zeros(1, requires_grad=True))
+    except Exception as err:  # noqa: BLE001 - whatever DeepSpeed or torch raise when they build it
+        return [Problem("error", at(str(err)),
                         f"building it as deepspeed.initialize does fails: {type(err).__name__}: {err}",
                         "Fix, add or remove the parameter the message names.")]
+    # A value DeepSpeed reads without refusing it, but warns about (an unknown warmup_type runs
+    # as "log"): it runs, not as written. Warnings that name no parameter given are its own.
+    return [Problem("warning", at(message), f"DeepSpeed builds it but warns: {message.strip()}",
+                    "Use a value DeepSpeed knows, as its warning says, or remove the parameter.")
+            for message in said if any(re.search(rf"\b{re.escape(k)}\b", message) for k in params)]
 
 
 # ---- DeepSpeedConfig itself, as the last word ----------------------------------------------------------------
