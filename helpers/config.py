@@ -258,7 +258,7 @@ class Mistake:
 
 def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
     """This environment as a free Colab T4 would report it (capability 7.5, fp16, the T4's GPU cap,
-    Colab's RAM less the VM's own use and a typical kernel's)."""
+    Colab's RAM less the VM's own use and a typical kernel's, a fresh runtime's free disk)."""
     import dataclasses
 
     t4 = kit_env.EMULATIONS["t4"]
@@ -266,7 +266,8 @@ def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
                                capability=t4.capability, native_bf16=False, precision="fp16",
                                vram_total_bytes=t4.gpu_cap_bytes, ram_budget_bytes=t4.ram_budget_bytes,
                                notebook_ram_bytes=t4.notebook_ram_bytes,
-                               kernel_rss_bytes=t4.kernel_rss_bytes, emulation=t4)
+                               kernel_rss_bytes=t4.kernel_rss_bytes, emulation=t4,
+                               disk_free_bytes=t4.disk_free_bytes)
 
 
 def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:

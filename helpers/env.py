@@ -56,6 +56,9 @@ class Emulation:
     kernel_rss_bytes: int = 0
     #: the VM's CPU cores; not emulated (runs use every core of the machine), only reported
     cpu_cores: int = 0
+    #: free disk on a fresh VM, for NVMe offload verdicts; not emulated for real runs (they write
+    #: to this machine's disk), used where the kit predicts for the emulated machine
+    disk_free_bytes: int = 0
 
     @property
     def gpu_cap_bytes(self) -> int:
@@ -83,11 +86,13 @@ class Emulation:
 #: the emulation does not cap the cores (DeepSpeed's CPU Adam is bound by memory bandwidth more
 #: than by cores: over 355M parameters, 0.22 s a step on 2 cores of the kit's CI machine, against
 #: 0.27 s for the whole offloaded optimizer step on the GPU machine's 16, GPU_RUNS.md run 24).
+#: Disk: a fresh free runtime's root filesystem is 108 GB with about 38 GB used by the image
+#: (``df -h /`` as Colab's users post it, googlecolab/colabtools#5448, 2025): about 70 GB free.
 EMULATIONS: dict[str, Emulation] = {
     "t4": Emulation("t4", "Colab T4", gpu_bytes=int(14.75 * GiB), capability=(7, 5),
                     ram_bytes=int(12.7 * GB), vm_overhead_bytes=int(1.2 * GB),
                     cuda_context_bytes=int(0.07 * GiB), kernel_rss_bytes=int(0.7 * GB),
-                    cpu_cores=2),
+                    cpu_cores=2, disk_free_bytes=int(70 * GB)),
 }
 _OFF = {"", "none", "off", "0", "false", "no"}
 _ON = {"1", "true", "yes", "on"}

@@ -15,8 +15,10 @@ model's positions or more ranks on a host than it has GPUs ends in one line, exi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +64,13 @@ def resolve(name: str):
     else:
         hf = _hub_config(name)
     refuse_non_causal(hf)
+    if why := architecture_problem(hf.to_dict()):
+        raise SizingError(why)
+    if getattr(hf, "num_attention_heads", None) is None:
+        kind = getattr(hf, "model_type", "this model")
+        raise SizingError(f"{kind} has no attention heads (no num_attention_heads): the kit's "
+                          "estimate counts a transformer's attention; it does not size state-space "
+                          "models such as Mamba")
     try:
         info = memory.ModelInfo.from_config(hf, name=str(name))
     except Exception as err:  # noqa: BLE001 - whatever transformers raises building the model
@@ -70,8 +79,50 @@ def resolve(name: str):
     return info, hf
 
 
-def _first_line(err: Exception, width: int = 120) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:width]
+def _first_line(err: Exception, width: int = 160) -> str:
+    """The first line of ``err`` or of the error it was raised from (transformers wraps a config
+    field's error in huggingface_hub's validation errors), cut at a whole word."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
+
+
+#: Fields a causal LM's config.json needs as whole numbers >= 1 (where it has them).
+_WHOLE_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                 "num_key_value_heads", "n_embd", "n_head", "n_layer")
+
+
+def architecture_problem(fields: Mapping) -> str | None:
+    """What makes a config's architecture unbuildable, in one line with the fix (a field that is
+    not a whole number >= 1, a hidden size its heads do not divide, key/value heads that do not
+    divide the heads: each group of query heads shares one), or None."""
+    for key in _WHOLE_FIELDS:
+        value = fields.get(key)
+        if key not in fields or (value is None and key == "num_key_value_heads"):  # null: one each
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return (f'its config.json has "{key}": {json.dumps(value)}, not a whole number >= 1: '
+                    "fix that field")
+    heads, hidden = fields.get("num_attention_heads"), fields.get("hidden_size")
+    if heads and hidden and fields.get("head_dim") is None and hidden % heads:
+        return (f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: each head "
+                "takes an equal share; fix one of them (or give head_dim)")
+    kv = fields.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        return (f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}: each "
+                "key/value head serves an equal group of query heads, so no model of this config "
+                "runs; fix one of them")
+    return None
+
+
+def _custom_code(model_type: str, auto_map) -> str:
+    """The refusal for a config that needs code transformers does not ship."""
+    where = f" (auto_map: {next(iter(auto_map.values()))})" if isinstance(auto_map, dict) and auto_map else ""
+    return (f"model_type {model_type!r} needs the model's own code{where}, which transformers "
+            "does not ship: the sizer runs no code from a model's folder or the Hub "
+            "(trust_remote_code); size a built-in architecture of the same shape instead (its "
+            'config.json with "model_type": "llama", "qwen2", ...)')
 
 
 def _looks_like_a_path(name: str) -> bool:
@@ -98,9 +149,15 @@ def _folder_config(path: Path):
     if not isinstance(data, dict) or not data.get("model_type"):
         raise SizingError('its config.json has no "model_type": add the architecture\'s name '
                           '(e.g. "model_type": "llama"), as save_pretrained writes it')
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if data["model_type"] not in CONFIG_MAPPING_NAMES and data.get("auto_map"):
+        raise SizingError(_custom_code(data["model_type"], data["auto_map"]))
+    if why := architecture_problem(data):
+        raise SizingError(why)
     try:
-        return AutoConfig.from_pretrained(str(path))
-    except (ValueError, KeyError, TypeError, OSError) as err:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises reading the fields
         raise SizingError(f"transformers cannot read its config.json ({_first_line(err)}): check "
                           f"model_type {data['model_type']!r} and its fields") from None
 
@@ -114,10 +171,15 @@ def _hub_config(name: str):
             f"reached: give a kit shape ({', '.join(list(models.MODEL_SHAPES)[2:6])}, ...) or a "
             f"folder with config.json"
         )
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as err:
-        raise SizingError(f"no config.json on the Hub ({_first_line(err)})") from None
+    try:  # trust_remote_code=False: refused at once, never a hidden "run the custom code?" prompt
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises reading the fields
+        if "custom code" in str(err) or "trust_remote_code" in str(err):
+            raise SizingError(_custom_code(name, None)) from None
+        if isinstance(err, OSError):
+            raise SizingError(f"no config.json on the Hub ({_first_line(err)})") from None
+        raise SizingError(f"transformers cannot read its config.json ({_first_line(err)}): "
+                          "check its fields") from None
 
 
 def refuse_non_causal(hf) -> None:
@@ -243,7 +305,8 @@ def size_table(
     )
     hosts = f", {ranks} per host" if world_size > 1 else ""
     title = (
-        f"{info.name}: {info.n_params / 1e6:,.0f}M parameters at {micro_batch} x {seq_len}"
+        f"{info.name}: {info.n_params / 1e6:,.0f}M parameters ({info.n_params:,}, as a model "
+        f"card counts them) at {micro_batch} x {seq_len}"
         f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
         f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
@@ -437,7 +500,10 @@ def machine_for(emulate: str | None) -> kit_env.Environment:
     if emulate:
         kit_env.emulate(emulate)
         machine = kit_env.describe()
-        return machine if machine.has_gpu else config.t4_profile(machine)
+        if not machine.has_gpu:
+            return config.t4_profile(machine)
+        # the emulated GPU's cap is applied; the disk is the emulated machine's, not this one's
+        return dataclasses.replace(machine, disk_free_bytes=machine.emulation.disk_free_bytes)
     return kit_env.describe()
 
 

@@ -254,6 +254,25 @@ BAD_MODELS = [  # (folder name, config.json text, words in the one-line refusal)
     ("bert", json.dumps(PUBLISHED["bert-base"]), "bert is an encoder (a masked LM)"),
 ]
 
+SMALL_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+               "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+               "vocab_size": 1000, "max_position_embeddings": 512}
+# Malformed configs transformers 5 refuses inside AutoConfig (huggingface_hub's strict dataclass
+# errors, a ZeroDivisionError) or builds a model of that cannot run: one line each, exit 2
+BAD_MODELS += [(name, json.dumps({**SMALL_LLAMA, **change}), words) for name, change, words in [
+    ("heads-do-not-divide-hidden", {"hidden_size": 250}, "hidden_size 250 is not a multiple"),
+    ("string-layers", {"num_hidden_layers": "two"}, '"num_hidden_layers": "two", not a whole'),
+    ("null-vocabulary", {"vocab_size": None}, '"vocab_size": null, not a whole number'),
+    ("zero-heads", {"num_attention_heads": 0}, '"num_attention_heads": 0, not a whole number'),
+    ("kv-heads-do-not-divide", {"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
+    ("a-field-only-transformers-checks", {"max_position_embeddings": "long"},
+     "Field 'max_position_embeddings' expected int"),
+    ("remote-code", {"model_type": "my-arch", "auto_map": {"AutoConfig": "configuration_my.MyConfig"}},
+     "needs the model's own code (auto_map: configuration_my.MyConfig)"),
+]] + [("mamba", json.dumps({"model_type": "mamba", "hidden_size": 256, "num_hidden_layers": 2,
+                               "vocab_size": 1000, "state_size": 16}),
+          "mamba has no attention heads")]
+
 
 @pytest.mark.parametrize("name, text, words", BAD_MODELS, ids=[b[0] for b in BAD_MODELS])
 def test_a_bad_model_folder_ends_in_one_line_naming_it_exit_2(name, text, words, tmp_path, capsys):
@@ -377,3 +396,50 @@ def test_compare_prints_deepspeeds_and_accelerates_estimates(capsys):
                         "--compare", "--emulate", "none"]) == 0
     out = capsys.readouterr().out
     assert "DeepSpeed GPU" in out and "Accelerate GPU" in out and "four answers" in out
+
+
+def test_a_malformed_field_reaches_transformers_refusal_whole_without_the_prefilter(monkeypatch, tmp_path):
+    """What the kit's own field checks do not catch, transformers refuses: the cause inside its
+    wrapper, in one line, never cut mid-word."""
+    monkeypatch.setattr(sizing, "architecture_problem", lambda fields: None)
+    with pytest.raises(sizing.SizingError) as refused:
+        sizing.resolve(folder(tmp_path, "zero", {**SMALL_LLAMA, "num_attention_heads": 0}))
+    assert "ZeroDivisionError" not in str(refused.value) or "division" in str(refused.value)
+    with pytest.raises(sizing.SizingError) as refused:
+        sizing.resolve(folder(tmp_path, "null", {**SMALL_LLAMA, "vocab_size": None}))
+    assert "Field 'vocab_size' expected int, got NoneType" in str(refused.value)
+
+
+def test_a_hub_name_with_custom_code_is_refused_without_a_prompt(monkeypatch):
+    """transformers asks "run the custom code? [y/N]" at a terminal unless trust_remote_code is
+    given: the sizer gives False, and says what to do."""
+    import transformers
+
+    asked = {}
+
+    def from_pretrained(name, **kwargs):
+        asked.update(kwargs)
+        raise ValueError(f"The repository {name} contains custom code which must be executed to "
+                         "correctly load the model. Please pass the argument `trust_remote_code=True`")
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    with pytest.raises(sizing.SizingError) as refused:
+        sizing.resolve("someone/custom-arch")
+    assert asked.get("trust_remote_code") is False
+    assert "runs no code from a model's folder or the Hub" in str(refused.value)
+
+
+def test_the_table_prints_the_exact_parameter_count_beside_the_rounded_one(t4):
+    info, _ = sizing.resolve("llama-3.2-3b-shaped")
+    title = sizing.size_table(info, t4, 1, 512).title
+    assert f"({info.n_params:,}, as a model card counts them)" in title
+
+
+def test_under_t4_emulation_nvme_verdicts_use_a_colab_disk_not_this_machines(monkeypatch):
+    from helpers import env as kit_env
+
+    monkeypatch.setenv("KIT_EMULATE", "none")  # restored after the test
+    machine = sizing.machine_for("t4")
+    assert machine.disk_free_bytes == kit_env.EMULATIONS["t4"].disk_free_bytes
+    assert "70 GB free for NVMe offload" in sizing.verdict_line(machine)
