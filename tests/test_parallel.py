@@ -314,6 +314,19 @@ def test_a_launched_run_that_raised_says_what_in_one_line(tmp_path):
     assert not runner.explained(broken) and "\n" not in broken.message
 
 
+def test_a_run_that_died_without_an_exception_quotes_its_log_end_and_its_claim_names_it(tmp_path):
+    log = "".join(f"line {i}\n" for i in range(20)) + "terminate called without an active exception\n"
+    died = _launched(tmp_path, [], returncode=-6, log=log)
+    assert died.status == runner.ERROR and "\n" not in died.message
+    assert died.message.startswith("0 of 2 ranks reported, exit code -6; its log ends: line 13")
+    assert died.message.endswith("terminate called without an active exception")
+    sentence, held = beyond_data_parallelism._ran_or_explained({"p": died})
+    assert not held and "failed: p: 0 of 2 ranks reported" in sentence
+    sentence, held = beyond_data_parallelism._ran_or_explained(
+        {"p": runner.RunResult("p", runner.OK)})
+    assert held and "failed" not in sentence
+
+
 def test_a_launched_run_stopped_by_its_timeout_says_so(tmp_path):
     stuck = _launched(tmp_path, [rank(0)], returncode=124, log="[rank1] waiting in all_reduce\n")
     assert stuck.status == runner.ERROR and stuck.message == (

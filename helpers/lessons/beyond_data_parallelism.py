@@ -128,6 +128,16 @@ def first_error(log: str) -> str:
     return " ".join(found.group(1).split())[:300] if found else ""
 
 
+#: Lines of a failed run's log that its message quotes when no exception names the cause.
+LOG_LINES_SHOWN = 8
+
+
+def log_end(log: str) -> str:
+    """The last LOG_LINES_SHOWN non-empty lines of a log, joined with " / " (one line)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return " / ".join(lines[-LOG_LINES_SHOWN:]) or "(empty)"
+
+
 def _ranks(run: Launch) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in Path(run.folder).glob("rank*.json")),
                   key=lambda r: r.get("rank", 0))
@@ -151,8 +161,10 @@ def result(run: Launch) -> runner.RunResult:
                  run.world_size, run.tokens_per_step())
     if run.returncode not in (0, None) or done.status != runner.OK:
         done.status = runner.ERROR
+        log = _log(run)
         done.message = (f"timed out after {LAUNCH_TIMEOUT_S} s" if run.returncode == 124 else
-                        first_error(_log(run)) or done.message or f"exit code {run.returncode}")
+                        first_error(log) or f"{done.message or 'failed'}, exit code "
+                        f"{run.returncode}; its log ends: " + log_end(log))
     runner.report({"shape": run.layout, **asdict(done)})
     return done
 
@@ -228,7 +240,12 @@ def _losses_claim(label: str, run: runner.RunResult | None, base: runner.RunResu
 
 
 def _ran_or_explained(runs: dict) -> claims.Claim:
-    return ("every run ran, or says why it did not (no errors)",
+    """Every run ran or says why not; a failed one is named with its error, which is all a CI
+    log shows of a run that failed there."""
+    failed = [f"{r.label}: {r.message or r.status}" for r in runs.values()
+              if not runner.explained(r)]
+    return ("every run ran, or says why it did not (no errors)"
+            + ("; failed: " + " | ".join(failed) if failed else ""),
             claims.every(runner.explained(r) for r in runs.values()))
 
 
