@@ -623,10 +623,29 @@ def _value_of(obj, key: str):
     return _ABSENT
 
 
+def _spelling(key: str) -> str:
+    """``key`` without case and separators: "FP16", "Fp-16" and "fp_16" all read "fp16"."""
+    return re.sub(r"[-_\s]", "", key.lower())
+
+
+def _swapped(a: str, b: str) -> bool:
+    """``b`` is ``a`` with two neighbouring letters swapped ("iao" for "aio")."""
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    return (len(a) == len(b) and len(diff) == 2 and diff[1] == diff[0] + 1
+            and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+
+
 def _closest(key: str, allowed) -> str | None:
-    """The allowed key ``key`` is most likely a typo of, or None."""
-    guess = difflib.get_close_matches(key, sorted(a for a in allowed if a != key), n=1, cutoff=0.75)
-    return guess[0] if guess else None
+    """The allowed key ``key`` is most likely a typo of, or None: the same key in another case or
+    with other separators ("BF16", "zero-optimization") or two letters swapped, else the closest
+    in lower case."""
+    others = sorted(a for a in allowed if a != key)
+    same = [a for a in others if _spelling(a) == _spelling(key) or _swapped(a, key)]
+    if same:
+        return same[0]
+    lowered = {a.lower(): a for a in others}
+    guess = difflib.get_close_matches(key.lower(), sorted(lowered), n=1, cutoff=0.75)
+    return lowered[guess[0]] if guess else None
 
 
 def _suggest(key: str, allowed) -> str:

@@ -960,3 +960,45 @@ def test_a_section_named_by_its_first_word_is_renamed_and_a_stranger_is_a_warnin
     hit = [p for p in engine_check(dict(zero(2), csv={"enabled": True})) if p.path == "csv"]
     assert [p.level for p in hit] == ["error"] and "'csv_monitor'" in hit[0].fix
     assert [p.level for p in engine_check(dict(zero(2), my_notes="x"))] == ["warning"]
+
+
+def _misspellings(key: str) -> dict[str, str]:
+    """The ways users misspell a key: another case, other separators, a letter dropped or two
+    swapped."""
+    words = key.split("_")
+    middle = len(key) // 2
+    return {"upper": key.upper(), "title": key.capitalize(), "hyphens": key.replace("_", "-"),
+            "no separators": key.replace("_", ""),
+            "camel": words[0] + "".join(w.capitalize() for w in words[1:]),
+            "dropped": key[:middle] + key[middle + 1:],
+            "swapped": key[:middle - 1] + key[middle] + key[middle - 1] + key[middle + 1:]}
+
+
+def test_every_misspelling_of_every_top_level_key_is_the_same_error():
+    """One rule for the class: a misspelled top-level key (any case, separators, a letter
+    dropped or swapped) is an error naming the key meant; an upper-case 'BF16' was a warning."""
+    known = config_check.known_keys()[""]
+    wrong = []
+    for key in sorted(known):
+        value = {} if config_check._is_section(key) else 1
+        for kind, spelled in _misspellings(key).items():
+            if spelled in known or spelled == key:
+                continue
+            found = [p for p in config_check._key_problems({spelled: value}) if p.path == spelled]
+            exact = kind not in ("dropped", "swapped")  # the key itself, not a closer neighbour
+            if ([p.level for p in found] != ["error"] or "did you mean" not in found[0].fix
+                    or exact and f"did you mean '{key}'" not in found[0].fix):
+                wrong.append((kind, spelled, [(p.level, p.fix) for p in found]))
+    assert len(known) > 40 and not wrong, wrong
+
+
+@pytest.mark.parametrize("spelled", ["BF16", "Bf16", "bf-16"])
+def test_deepspeed_reads_a_misspelled_section_as_no_section(spelled):
+    """The truth behind the error: DeepSpeed's keys are case-sensitive; 'BF16' turns nothing on."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    ground = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
+    assert DeepSpeedConfig({**ground, "bf16": {"enabled": True}}).bfloat16_config.enabled
+    assert not DeepSpeedConfig({**ground, spelled: {"enabled": True}}).bfloat16_config.enabled
+    assert [(p.level, p.fix.split("?")[0]) for p in config_check._key_problems(
+        {spelled: {"enabled": True}})] == [("error", "did you mean 'bf16'")]
