@@ -282,6 +282,9 @@ def test_the_first_error_is_the_ranks_not_the_launchers():
     assert beyond_data_parallelism.first_error(log) == (
         "AssertionError: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
     assert beyond_data_parallelism.first_error("all went well\n") == ""
+    aborted = "dense losses: [5.6, 5.5]\nterminate called without an active exception\n" + log
+    assert beyond_data_parallelism.first_error(aborted) == (
+        "terminate called without an active exception")
 
 
 def _launched(tmp_path, ranks: list[dict], returncode: int = 0, log: str = "",
@@ -315,11 +318,11 @@ def test_a_launched_run_that_raised_says_what_in_one_line(tmp_path):
 
 
 def test_a_run_that_died_without_an_exception_quotes_its_log_end_and_its_claim_names_it(tmp_path):
-    log = "".join(f"line {i}\n" for i in range(20)) + "terminate called without an active exception\n"
+    log = "".join(f"line {i}\n" for i in range(20)) + "Signal 6 (SIGABRT) received by PID 5636\n"
     died = _launched(tmp_path, [], returncode=-6, log=log)
     assert died.status == runner.ERROR and "\n" not in died.message
     assert died.message.startswith("0 of 2 ranks reported, exit code -6; its log ends: line 13")
-    assert died.message.endswith("terminate called without an active exception")
+    assert died.message.endswith("Signal 6 (SIGABRT) received by PID 5636")
     sentence, held = beyond_data_parallelism._ran_or_explained({"p": died})
     assert not held and "failed: p: 0 of 2 ranks reported" in sentence
     sentence, held = beyond_data_parallelism._ran_or_explained(

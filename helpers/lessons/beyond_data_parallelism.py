@@ -118,12 +118,14 @@ def plan(values: dict, environment: kit_env.Environment, work_dir: str | os.Path
     return out
 
 
-_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_]\w*(?:Error|Exception): .*)$", re.M)
+_ERROR = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_]\w*(?:Error|Exception): .*|terminate called .*)$",
+                    re.M)
 
 
 def first_error(log: str) -> str:
     """The first exception a rank raised (``SomeError: words``, torchrun's ``[rankN]:`` prefix
-    dropped), or ""; the launcher's own summary that follows it is not one."""
+    dropped) or C++'s "terminate called ..." of a rank that aborted, or ""; the launcher's own
+    summary that follows it is not one."""
     found = _ERROR.search(log)
     return " ".join(found.group(1).split())[:300] if found else ""
 
