@@ -6,7 +6,7 @@ helpers/lessons/ holds one module per notebook that needs one, named after it, a
 
 :data:`LAYERS` is the one statement of the layers, bottom first, with what each module is for: a
 module imports only from layers below its own (tests/test_layers.py enforces it, lazy imports
-inside functions included), so there are no import cycles and no arrow runs back up. The README's
+inside functions included), so there are no import cycles and no arrow runs back up. CONTRIBUTING.md's
 layout section is rendered from it (``python tools/layout.py``; a test checks the two agree).
 
 Importing the package sets one thing: where DeepSpeed keeps its compiled ops, when nothing else

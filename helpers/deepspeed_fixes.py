@@ -1,5 +1,5 @@
 """Workarounds for DeepSpeed bugs the kit runs into: each one small, applied by an explicit call,
-safe to call twice, and listed in the README under "where DeepSpeed falls short".
+safe to call twice, and explained in docs/deepspeed_gaps.md.
 
 Call :func:`apply_all` once per process before ``deepspeed.initialize`` (helpers.runner and
 helpers.lessons.zero2_training do). In your own project you need them only where the bug bites
@@ -247,7 +247,7 @@ def fix_engine_destroy_frees_memory() -> bool:
     ``deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK``, when the engine is built, and
     nothing takes it off: the model, its hooks, the engine and the optimizer stay reachable after
     ``destroy()`` and ``del``, with every offload buffer they hold. Measured in notebook 06's
-    kernel (GPU_RUNS.md run 19): 5.82 GB still held after a TinyLlama-1.1B fine-tune, so the
+    kernel (docs/gpu_runs.md run 19): 5.82 GB still held after a TinyLlama-1.1B fine-tune, so the
     runs started after it were killed at 5.7 GB. A second root outlives that one (held from C,
     found by a reachability search from every module), so this fix also empties the optimizer,
     its NVMe swapper, the weights' swapper and the weights' partitions: what is left is empty

@@ -43,7 +43,7 @@ NOT_HERE, NOT_TRIED, REFUSED_DISK = "not here", "not tried", "refused: disk"
 EXPLAINED = (OK, OOM, KILLED_RAM, NOT_HERE, NOT_TRIED, REFUSED_DISK)
 #: Where finished runs are reported: ``"module:function"``, called with one dict per run (its
 #: result and model shape) or probe (:func:`report`). Unset: nobody listens. The GPU record run
-#: sets it to tools/run_log.py's ``append`` (GPU_RUNS.md), since nbval keeps no notebook output.
+#: sets it to tools/run_log.py's ``append`` (docs/gpu_runs.md), since nbval keeps no notebook output.
 REPORT_ENV = "KIT_REPORT_TO"
 #: The entry point of the kit's own runs: :func:`train_rank`.
 TRAIN_ENTRY = "helpers.runner:train_rank"
@@ -264,7 +264,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 def prepared_model(spec: RunSpec, model_config=None):
     """(model, tokenizer) as a run trains them: ``spec.model_path``'s from_pretrained folder, or
     ``spec.shape`` built from ``model_config``; in training mode (from_pretrained returns one in
-    evaluation mode, where transformers skips activation checkpointing and dropout: GPU_RUNS.md
+    evaluation mode, where transformers skips activation checkpointing and dropout: docs/gpu_runs.md
     run 23, notebook 09's runs peaked at the estimator's figures without checkpointing, LoRA at
     4.56 GiB against 1.95), checkpointing on where ``spec.grad_ckpt`` asks, LoRA's adapters where
     ``spec.lora`` does."""

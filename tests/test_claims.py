@@ -410,7 +410,7 @@ def test_op_checks_fail_when_an_op_loads_but_computes_wrongly():
 # ---- notebook 06's fine-tune ---------------------------------------------------------------------
 # a pretrained TinyLlama-like run at a fine-tuning rate: batch-to-batch noise larger than its gain
 PRETRAINED_LOSSES = [2.31, 2.25, 2.40, 2.28, 2.35, 2.22, 2.30, 2.27]
-# run 25's offline default, a freshly initialised TinyLlama shape (GPU_RUNS.md)
+# run 25's offline default, a freshly initialised TinyLlama shape (docs/gpu_runs.md)
 RANDOM_START_LOSSES = [10.676, 10.656, 10.535, 9.733, 8.019, 7.160, 6.722, 6.240]
 
 

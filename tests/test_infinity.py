@@ -216,7 +216,7 @@ def _gpu_t4():
 
 def test_the_estimator_is_held_to_what_each_rung_did():
     gpu = _gpu_t4()
-    # SmolLM2-1.7B-shaped, weights on the GPU: 4.63 GiB GPU, 7.52 GiB host (GPU_RUNS.md run 19)
+    # SmolLM2-1.7B-shaped, weights on the GPU: 4.63 GiB GPU, 7.52 GiB host (docs/gpu_runs.md run 19)
     good = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)
     assert claims_failed(biggest_model.prediction_claims([good], gpu)) == []
     # a host RAM far from the prediction fails on a GPU
@@ -234,7 +234,7 @@ def test_the_estimator_is_held_to_what_each_rung_did():
 
 
 def test_a_3b_llama_is_predicted_past_the_budget_even_with_its_weights_on_the_gpu():
-    """Killed for host RAM at 12.8 GB (GPU_RUNS.md run 19): the fp16 gradient partition and the
+    """Killed for host RAM at 12.8 GB (docs/gpu_runs.md run 19): the fp16 gradient partition and the
     optimizer's swap buffers (sized to the 394M-element embedding) alone pass a run's budget."""
     gpu = _gpu_t4()
     killed = _ran("llama-3.2-3b-shaped", biggest_model.NVME_OPTIMIZER, 0, 11.88, runner.KILLED_RAM,

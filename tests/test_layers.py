@@ -1,8 +1,8 @@
 """The helpers' layout (helpers.LAYERS in helpers/__init__.py): every import points down, lazy ones
 included; every module has a layer; no cycles; lessons (helpers/lessons/) sit above the core and
 the core never imports them. No module calls another's private name; one module starts training
-runs; at most two build argument parsers; at most 16 core modules; the README's layout is rendered
-from the same list. Each checker is shown to fail on a bad example."""
+runs; at most two build argument parsers; at most 16 core modules; CONTRIBUTING.md's layout is
+rendered from the same list. Each checker is shown to fail on a bad example."""
 
 import ast
 import re
@@ -184,12 +184,12 @@ def test_at_most_16_core_modules():
     assert 0 < len(core_modules()) <= 16, core_modules()
 
 
-# ---- the README's layout comes from the same list ------------------------------------------------
+# ---- CONTRIBUTING.md's layout comes from the same list ------------------------------------------------
 
 
-def test_the_readmes_layout_is_rendered_from_the_layers():
-    readme = (ROOT / "README.md").read_text()
-    assert layout.readme_block(readme) == layout.render(), "run python tools/layout.py"
+def test_contributings_layout_is_rendered_from_the_layers():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    assert layout.layout_block(text) == layout.render(), "run python tools/layout.py"
     rendered = layout.render()
     for name in modules():
         assert re.search(rf"^\s+\d+\s+{re.escape(name.removeprefix('lessons.'))}\s", rendered, re.M), name

@@ -64,7 +64,7 @@ def test_offload_moves_optimizer_states_to_host_or_nvme():
     )
 
 
-# Measured on an H200 capped to a T4's 15 GiB (fp16, 4 x 512, gradient checkpointing; GPU_RUNS.md).
+# Measured on an H200 capped to a T4's 15 GiB (fp16, 4 x 512, gradient checkpointing; docs/gpu_runs.md).
 MEASURED_GPU_GIB = {
     ("gpt2-124m", 0): 2.88,
     ("gpt2-124m", 2): 2.88,
@@ -92,7 +92,7 @@ def test_fits_and_model_info_from_count():
     assert 6e9 < info.n_params < 8e9 and info.hidden % 64 == 0
 
 
-# Per rank with 2 GPUs, GPT-2 355M, same settings (GPU_RUNS.md, Run 6: notebook 05 on 2 H200s
+# Per rank with 2 GPUs, GPT-2 355M, same settings (docs/gpu_runs.md, Run 6: notebook 05 on 2 H200s
 # capped at 15 GiB).
 MEASURED_2GPU_GIB = {0: 8.00, 1: 4.04, 2: 4.04, 3: 4.24}
 

@@ -104,7 +104,7 @@ def test_side_by_side_puts_each_estimator_where_it_has_a_figure(t4):
 
 def test_the_zero_init_row_agrees_with_notebook_06s_27b_run(t4):
     # Notebook 06 trained GPT-2 2.7B with ZeRO-3 + NVMe under zero.Init in 11.24 GiB of host RSS
-    # (GPU_RUNS.md run 14): the command line predicts that within 5%, and so calls it "does not
+    # (docs/gpu_runs.md run 14): the command line predicts that within 5%, and so calls it "does not
     # fit" a run's share of free Colab (12.7 GB less the VM's 1.2 and the kernel's own RSS), as
     # it does the same model built on the host first (4 bytes per parameter before partitioning).
     info, _ = sizing.resolve("gpt2-2.7b")
@@ -118,7 +118,7 @@ def test_the_zero_init_row_agrees_with_notebook_06s_27b_run(t4):
 
 
 def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_says_why(t4):
-    # README ("Past 2.7B"): the gradient partition on the host and swap buffers sized to the tied
+    # docs/deepspeed_gaps.md ("Past 2B"): the gradient partition on the host and swap buffers sized to the tied
     # embedding put Llama-3.2-3B-shaped past 12.7 GB even built under zero.Init.
     info, _ = sizing.resolve("llama-3.2-3b-shaped")
     rows = {r.label: r for r in sizing.size(info, t4, micro_batch=4, seq_len=512)}
@@ -128,7 +128,7 @@ def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_say
     assert host["grads"] == 2 * info.n_params and info.largest_param_numel == 128256 * 3072
     buffer = row.config["zero_optimization"]["offload_param"]["buffer_size"]
     assert buffer >= info.largest_param_numel and host["parameter swap buffers"] == 5 * buffer * 2
-    readme = (ROOT / "README.md").read_text().replace("\n  ", " ")
+    readme = (ROOT / "docs/deepspeed_gaps.md").read_text().replace("\n  ", " ")
     figures = (row.estimate.total("cpu"), host["grads"], host["parameter swap buffers"],
                host["optimizer swap buffers"])
     for figure in figures:

@@ -235,7 +235,7 @@ def test_notebook_05s_table_of_stages_is_notebook_04s_picture():
 
 def test_zero2_offload_keeps_gradients_on_the_gpu_at_its_peak_and_notebook_05_says_so():
     """Notebook 05 once said the GPU keeps only the fp16 weights under ZeRO-2 + CPU offload; the
-    README's measurement (1.5B: 5.87 GiB) and the estimator have every fp16 gradient there too at
+    docs/deepspeed_gaps.md's measurement (1.5B: 5.87 GiB) and the estimator have every fp16 gradient there too at
     the end of backward. And its host-RAM figure is the estimator's (notebook 01's breakdown)."""
     info = memory.ModelInfo.for_shape("gpt2-355m")
     config = {"fp16": {"enabled": True},

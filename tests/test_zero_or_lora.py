@@ -105,7 +105,7 @@ def test_lora_trains_the_largest_model_on_a_t4_and_host_ram_caps_cpu_offload(cpu
         most[name] = lesson.largest_on_t4(m, ds, 4, 512)
     assert most[lesson.LORA_NAME] > 3 * most[lesson.FULL] > 3 * 3.55e8
     # On free Colab host RAM binds before the T4 does: CPU offload's optimizer (16 bytes per
-    # parameter in RAM) caps it below what stage 0 trains on the GPU alone (README, DESIGN.md).
+    # parameter in RAM) caps it below what stage 0 trains on the GPU alone (docs/deepspeed_gaps.md).
     assert 3.55e8 < most[lesson.UNPINNED] < most[lesson.FULL]
     # the answer is the edge: a model 3% larger does not fit
     m = lesson.method(lesson.FULL)

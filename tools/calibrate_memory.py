@@ -2,7 +2,7 @@
 
     KIT_EMULATE=t4 python tools/calibrate_memory.py --shapes gpt2-124m gpt2-355m --out runs.jsonl
 
-What helpers.memory's constants were checked against (GPU_RUNS.md keeps the figures).
+What helpers.memory's constants were checked against (docs/gpu_runs.md keeps the figures).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU record run of notebooks 05, 06 and 08 (GPU_RUNS.md), on a machine with 2 GPUs, in T4 emulation.
+# The GPU record run of notebooks 05, 06 and 08 (docs/gpu_runs.md), on a machine with 2 GPUs, in T4 emulation.
 # Long jobs run in the background (setsid) so that they outlast one command; `wait` follows them.
 #   source .whl/install-on-gpu.sh; bash tools/gpu_record_run.sh start [05] [cli] [06] [nbval-a] [nbval-05] [nbval-06] [nbval-08] [nbval-09] [grid] [rung-2.7b]
 #   bash tools/gpu_record_run.sh wait 500

@@ -1,8 +1,8 @@
-"""The README's layout section, rendered from helpers.LAYERS (the one list of the helpers' modules
+"""CONTRIBUTING.md's layout section, rendered from helpers.LAYERS (the one list of the helpers' modules
 and their layers), so that the two cannot drift apart (tests/test_layers.py compares them).
 
-    python tools/layout.py           # rewrite README.md's layout block
-    python tools/layout.py --check   # exit 1 when README.md's block differs from the rendering
+    python tools/layout.py           # rewrite CONTRIBUTING.md's layout block
+    python tools/layout.py --check   # exit 1 when CONTRIBUTING.md's block differs from the rendering
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import helpers  # noqa: E402
 
-README = ROOT / "README.md"
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
 BEGIN = "<!-- layout: python tools/layout.py writes this block from helpers.LAYERS -->"
 END = "<!-- end of layout -->"
 INDENT = " " * 19
 
-#: The folders around helpers/, as the README describes them.
+#: The folders around helpers/, as CONTRIBUTING.md describes them.
 BEFORE = ["notebooks/         the tutorial, in order"]
 AFTER = [
     "configs/           DeepSpeed JSON configs, one idea per file",
@@ -57,27 +57,27 @@ def render(layers: list[dict[str, str]] | None = None) -> str:
     return "\n".join([BEGIN, *lines, END])
 
 
-def readme_block(text: str) -> str:
-    """The layout block README.md holds now (empty when its markers are missing)."""
+def layout_block(text: str) -> str:
+    """The layout block CONTRIBUTING.md holds now (empty when its markers are missing)."""
     if BEGIN not in text or END not in text:
         return ""
     return text[text.index(BEGIN):text.index(END) + len(END)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite README.md's block, or with ``--check`` say whether it is up to date."""
+    """Rewrite CONTRIBUTING.md's block, or with ``--check`` say whether it is up to date."""
     args = sys.argv[1:] if argv is None else argv
-    text = README.read_text()
-    block = readme_block(text)
+    text = CONTRIBUTING.read_text()
+    block = layout_block(text)
     if args == ["--check"]:
         ok = block == render()
-        print("README.md's layout is up to date" if ok else "README.md's layout differs: "
+        print("CONTRIBUTING.md's layout is up to date" if ok else "CONTRIBUTING.md's layout differs: "
               "run python tools/layout.py")
         return 0 if ok else 1
     if not block:
-        print(f"README.md has no layout markers ({BEGIN})", file=sys.stderr)
+        print(f"CONTRIBUTING.md has no layout markers ({BEGIN})", file=sys.stderr)
         return 2
-    README.write_text(text.replace(block, render()))
+    CONTRIBUTING.write_text(text.replace(block, render()))
     return 0
 
 

@@ -5,7 +5,7 @@
     python tools/nbtool.py clear [NB ...]   # drop outputs except on '# NBVAL_CHECK_OUTPUT' cells
     python tools/nbtool.py regen [NB ...]   # run in smoke mode, keep outputs only on checked cells
 
-Rules (see DESIGN.md, "Testing notebooks with nbval"): a stored output needs an execution count;
+Rules (CONTRIBUTING.md, "Working on the notebooks"): a stored output needs an execution count;
 only checked cells keep outputs; every checked cell has one; markers are spelled exactly.
 """
 

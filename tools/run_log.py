@@ -1,6 +1,6 @@
 """The GPU record run's log: every run and probe the kit reports (helpers.runner.report), one JSON
 line each, appended to the file ``KIT_BENCH_LOG`` names. tools/gpu_record_run.sh sets both
-``KIT_REPORT_TO=tools.run_log:append`` and ``KIT_BENCH_LOG``; GPU_RUNS.md is written from these
+``KIT_REPORT_TO=tools.run_log:append`` and ``KIT_BENCH_LOG``; docs/gpu_runs.md is written from these
 files, since nbval keeps no notebook output."""
 
 from __future__ import annotations

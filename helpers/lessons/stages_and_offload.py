@@ -288,7 +288,7 @@ def shape_takeaway(rows: list[runner.Row], other: list[runner.Row], environment:
 #: ``deepspeed.initialize`` (its flatten stores matrices transposed, ``_update_model_bit16_weights``
 #: views them untransposed; GPT-2 tiny's first loss 10.8408 -> 10.8330 with the same weights), which
 #: the first-loss check caught. helpers.deepspeed_fixes.fix_zenflow_weights mends it, and notebook 09
-#: runs ZenFlow beside plain offload. README: where DeepSpeed falls short.
+#: runs ZenFlow beside plain offload. See docs/deepspeed_gaps.md.
 #:
 #: A variant that fails here (a feature that needs bf16 or a newer GPU, say) is a row with its error,
 #: not a crash: the table says what DeepSpeed said.
