@@ -248,6 +248,28 @@ def test_a_3b_llama_is_predicted_past_the_budget_even_with_its_weights_on_the_gp
     assert "fp16 grads" in table.header and "optimizer buffers" in table.header
 
 
+def test_the_t4_host_table_is_a_t4s_on_a_cpu_too():
+    """Its title says T4: fp16 gradients at 2 bytes a parameter even on an fp32 CPU machine (a
+    CPU's precision made every host total 35-48% too high), the same figures as on a GPU."""
+    cpu = dataclasses.replace(env.describe(), precision="fp32", gpu_name=None, gpu_count=0)
+    shapes = ["smollm2-1.7b-shaped"]
+    on_cpu = biggest_model.host_breakdown_table(shapes, cpu, 4, 512, "/tmp/x")
+    on_gpu = biggest_model.host_breakdown_table(shapes, _gpu_t4(), 4, 512, "/tmp/x")
+    grads = on_cpu.header.index("fp16 grads")
+    n_params = memory.ModelInfo.for_shape("smollm2-1.7b-shaped").n_params
+    assert float(on_cpu.rows[0][grads]) == pytest.approx(2 * n_params / 2**30, abs=0.01)
+    assert on_cpu.rows == on_gpu.rows
+
+
+def test_the_largest_model_plot_names_a_t4_only_where_runs_had_one():
+    assert "T4 envelope" in biggest_model.largest_title(_gpu_t4())
+    cpu = dataclasses.replace(env.describe(), gpu_name=None, gpu_count=0, emulation=None)
+    assert "T4" not in biggest_model.largest_title(cpu)
+    assert "CPU" in biggest_model.largest_title(cpu)
+    unemulated = dataclasses.replace(_gpu_t4(), emulation=None)
+    assert "T4" not in biggest_model.largest_title(unemulated)
+
+
 def test_throughput_spreads_the_optimizers_disk_traffic_over_accumulated_micro_batches():
     rung = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)
     table = biggest_model.throughput_table([rung], 1432.0, 1710.0)

@@ -202,7 +202,15 @@ def largest_table(rungs: list[Rung]) -> Table:
                  title="The largest model per method")
 
 
-def plot_largest(rungs: list[Rung]):
+def largest_title(environment: kit_env.Environment) -> str:
+    """The title of :func:`plot_largest`: a T4's envelope only where the runs had one (a GPU capped
+    as a T4); elsewhere it says what the bars are."""
+    if environment.has_gpu and environment.emulation:
+        return "Inside the T4 envelope: a T4's GPU, free Colab's RAM"
+    return f"Largest model each method trained, {environment.measured_on()}"
+
+
+def plot_largest(rungs: list[Rung], environment: kit_env.Environment):
     import matplotlib.pyplot as plt
 
     best = largest_per_method(rungs)
@@ -214,7 +222,7 @@ def plot_largest(rungs: list[Rung]):
         ax.text((b.n_params / 1e9 if b else 0), i, f" {b.shape} ({b.result.median_step_s:.1f} s/step)" if b else " none",
                 va="center", fontsize=8)
     ax.set_xlabel("largest model trained (billions of parameters)")
-    ax.set_title("Inside the T4 envelope: a T4's GPU, free Colab's RAM")
+    ax.set_title(largest_title(environment), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -355,7 +363,9 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
     """Where a ZeRO-Infinity run's host RAM goes on a T4 (a GPU beside the host, whatever this
     machine has), predicted for each shape and both NVMe methods (GiB): the consumers a big
     vocabulary inflates (swap buffers sized to the embedding) beside the ones that grow with every
-    parameter (the fp16 gradient partition)."""
+    parameter (the fp16 gradient partition). Computed for a T4 on any machine (fp16 weights and
+    gradients, free Colab's RAM): a CPU's fp32 would make every host figure a T4's and a half."""
+    t4 = config.t4_profile(environment)
     kinds = [("process", "process"), ("zero.Init build", "model build"), ("grads", "fp16 grads"),
              ("optimizer swap buffers", "optimizer buffers"),
              ("parameter swap buffers", "weight buffers"), ("step temporaries", "step")]
@@ -365,7 +375,7 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
         for method, choice in METHODS:
             if not is_nvme(method):
                 continue
-            ds = config.zero_infinity(info, environment, micro_batch, nvme_path,
+            ds = config.zero_infinity(info, t4, micro_batch, nvme_path,
                                       offload_param=choice.get("offload_param", "none"))
             est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=True, zero_init=True)
             cpu = est.parts.get("cpu", {})
