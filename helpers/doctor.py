@@ -27,7 +27,7 @@ from pathlib import Path
 from helpers import claims
 from helpers import env as kit_env
 
-from helpers import memory
+from helpers import memory, show
 from helpers.show import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -347,7 +347,7 @@ def relevant_lines(log: str, limit: int = 8) -> list[str]:
             continue
         if _RELEVANT.search(line):
             seen.add(line)
-            out.append(line[:300])
+            out.append(show.clip(line, 300))
         if len(out) >= limit:
             break
     return out
@@ -596,9 +596,9 @@ def checks(facts: Facts, statuses: list[OpStatus]) -> list[tuple[str, bool]]:
         if not s:
             return "not built"
         if not s.loads:
-            return "did not load" + (f": {s.why[:160]}" if s.why else "")
+            return "did not load" + (f": {show.clip(s.why, 160)}" if s.why else "")
         if not s.works:
-            return s.why[:160] or "its exercise did not run"
+            return show.clip(s.why, 160) or "its exercise did not run"
         return f"error {s.works_error:.1e}"
 
     out = [(f"CPU Adam (every offload notebook needs it) builds, loads and steps like torch's AdamW "
@@ -748,7 +748,7 @@ def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str,
     built = [f"{s.name} {s.seconds:.0f} s ({build_note(s)})" for s in statuses
              if s.loads and s.seconds is not None]
     ready = [c for c, status, _ in rows if status == READY]
-    missing = [f"{c} ({status}: {why[:60]})" for c, status, why in rows if status != READY]
+    missing = [f"{c} ({status}: {show.clip(why, 60)})" for c, status, why in rows if status != READY]
     cpu_adam = next((s for s in statuses if s.name == "cpu_adam"), None)
     return [
         "Ops built and loaded in fresh processes: " + (", ".join(built) or "none") + ". A compiled op is "

@@ -514,7 +514,7 @@ def _remove_swap_files(own: str, parent: str, created: bool) -> None:
 def _last_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "error:" in line]
-    return (errors or lines or [""])[-1][:500]
+    return show.clip((errors or lines or [""])[-1], 500)
 
 
 def median_step_s(step_times_s: list[float]) -> float | None:

@@ -32,9 +32,20 @@ def seconds(value: float | None, digits: int = 2) -> str:
     return MISSING if value is None else f"{value:.{digits}f}"
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` within ``width`` characters, cut at a whole word with " ..." when longer: never
+    mid-word ("...or a sm.")."""
+    if len(text) <= width:
+        return text
+    cut = text[:max(width - 4, 1)]
+    if text[len(cut)] != " " and " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:(") + " ..."
+
+
 def status_cell(status: str, message: str = "", ok: str = "ok", width: int = 80) -> str:
-    """``ok``, or ``"<status>: <message>"`` cut to ``width`` characters of message."""
-    return status if status == ok or not message else f"{status}: {message[:width]}"
+    """``ok``, or ``"<status>: <message>"`` with the message :func:`clip`-ped to ``width``."""
+    return status if status == ok or not message else f"{status}: {clip(message, width)}"
 
 
 def loss_cell(losses: Sequence[float], digits: int = 3) -> str:

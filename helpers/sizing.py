@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import config, measurements, memory, models
+from helpers import config, measurements, memory, models, show
 from helpers import env as kit_env
 from helpers.show import Table, MISSING, gib
 
@@ -85,7 +85,7 @@ def _first_line(err: Exception, width: int = 160) -> str:
     while err.__cause__ is not None:
         err = err.__cause__
     line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
+    return show.clip(line, width)
 
 
 #: Fields a causal LM's config.json needs as whole numbers >= 1 (where it has them).

@@ -127,7 +127,7 @@ def first_error(log: str) -> str:
     dropped) or C++'s "terminate called ..." of a rank that aborted, or ""; the launcher's own
     summary that follows it is not one."""
     found = _ERROR.search(log)
-    return " ".join(found.group(1).split())[:300] if found else ""
+    return show.clip(" ".join(found.group(1).split()), 300) if found else ""
 
 
 #: Lines of a failed run's log that its message quotes when no exception names the cause.

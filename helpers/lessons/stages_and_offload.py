@@ -440,7 +440,7 @@ def offload_takeaways(variants: list[Variant], environment: kit_env.Environment)
                      + f", {v.result.peak_host_rss_bytes / GiB:.1f} GiB host RSS.")
     for v in variants:
         if v.result.status != runner.OK:
-            lines.append(f"{v.shape} {v.name}: {v.result.status}: {v.result.message[:160]}")
+            lines.append(f"{v.shape} {v.name}: {v.result.status}: {show.clip(v.result.message, 160)}")
     return lines
 
 

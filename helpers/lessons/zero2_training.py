@@ -174,7 +174,7 @@ def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps:
         free_memory(trainer)
         if not oom:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            return TrainRun("error", f"{type(err).__name__}: {first[:300]}", callback.records, None,
+            return TrainRun("error", f"{type(err).__name__}: {show.clip(first, 300)}", callback.records, None,
                             time.perf_counter() - start, micro_batch)
         simulated = " (simulated on CPU)" if "simulated on CPU" in str(err) else ""
         return TrainRun(kit_env.OUT_OF_GPU_MEMORY,
@@ -269,7 +269,7 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
         f"{show.in_gib(kit_env.EMULATIONS['t4'].notebook_ram_bytes, True)} a free Colab leaves it.",
         f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
         f"resume_from_checkpoint continued at the next step: {resumed_at}.",
-        f"Out of GPU memory{simulated} came back as advice, not a crash: {oom.message[:90]}.",
+        f"Out of GPU memory{simulated} came back as advice, not a crash: {show.clip(oom.message, 90)}.",
     ]
 
 

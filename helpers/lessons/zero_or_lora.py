@@ -564,7 +564,7 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
                 r.result.steps_done or len(r.result.losses)))
     for r in runs:
         if r.result.status != runner.OK:
-            lines.append(f"{r.method.name}: {r.result.status}: {r.result.message[:160]}")
+            lines.append(f"{r.method.name}: {r.result.status}: {show.clip(r.result.message, 160)}")
     return lines
 
 
