@@ -69,3 +69,43 @@ def test_a_named_file_that_is_not_there_is_found(tmp_path):
     assert missing_md_files(ROOT / "docs" / "setup.md", "see gpu_runs.md and ../README.md") == []
     assert missing_md_files(ROOT / "helpers" / "memory.py", "see NOTES.md and docs/x.md") == [
         "NOTES.md", "docs/x.md"]
+
+
+_NEXT = re.compile(r"Next: (\d\d) ·")
+
+
+def next_problems(texts: dict[int, str]) -> list[str]:
+    """Where the "Next: NN ·" links of notebook N (its cells and its lesson module) do not go to
+    N + 1, or the last notebook points anywhere."""
+    last = max(texts)
+    out = []
+    for number, text in sorted(texts.items()):
+        found = {int(n) for n in _NEXT.findall(text)}
+        wanted = set() if number == last else {number + 1}
+        if found != wanted:
+            out.append(f"{number:02d} points to {sorted(found)}, not {sorted(wanted)}")
+    return out
+
+
+def _notebook_texts() -> dict[int, str]:
+    texts = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        # its lesson module (named after it: gpu_check for 01_gpu_check_and_install); 02's is doctor
+        modules = [m for m in (ROOT / "helpers" / "lessons").glob("*.py")
+                   if m.stem != "__init__" and path.stem[3:].startswith(m.stem)]
+        if path.stem.startswith("02_"):
+            modules.append(ROOT / "helpers" / "doctor.py")
+        texts[int(path.stem[:2])] = path.read_text() + "".join(m.read_text() for m in modules)
+    return texts
+
+
+def test_every_notebook_says_next_is_the_one_after_it():
+    texts = _notebook_texts()
+    assert len(texts) >= 9 and next_problems(texts) == []
+
+
+def test_a_link_back_or_from_the_last_notebook_fails():
+    assert next_problems({7: "Next: 05 · stages", 8: "Next: 09 · x", 9: ""}) == [
+        "07 points to [5], not [8]"]
+    assert next_problems({8: "Next: 09 · x", 9: "Next: 06 · the biggest"}) == [
+        "09 points to [6], not []"]

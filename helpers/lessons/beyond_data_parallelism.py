@@ -637,6 +637,7 @@ def takeaways(pipe: dict, moe: dict, tp: dict, refused: runner.RunResult,
     if not two_rank_note(environment)[0]:
         lines.append("One GPU here: the 2-rank runs were not started. On Kaggle (GPU T4 x2) every "
                      "section runs on two GPUs.")
+    lines.append("Next: 09 · ZeRO or LoRA: full fine-tuning with ZeRO against LoRA on the same tokens.")
     return lines
 
 
