@@ -275,6 +275,23 @@ def test_the_plan_writes_one_script_per_run_and_starts_2_process_runs_only_where
     assert all("Kaggle" in r.why for r in one_gpu if r.command is None)
 
 
+def test_a_lesson_cell_edited_and_run_in_the_kernel_reaches_every_runs_script(tmp_path, monkeypatch):
+    """On Colab the notebook file on disk is the cloned copy: the script must take the kernel's
+    last run of each lesson cell, not the file (the notebook told learners to save it)."""
+    from helpers import launch
+
+    cells = launch.tagged_cells(beyond_data_parallelism.NOTEBOOK, "lesson")
+    original = next(c for c in cells if "class MoEGPT" in c)
+    edited = original.replace("capacity_factor=1.25", "capacity_factor=2.0")
+    assert edited != original
+    monkeypatch.setattr(launch, "kernel_history", lambda: [edited])
+    values = {"LAYERS": 2, "MICRO_BATCH": 2, "MICRO_BATCHES": 4, "SEQ_LEN": 64, "TEXT_FILE": "/t"}
+    runs = beyond_data_parallelism.plan(values, machine(0), tmp_path)
+    for run in runs:
+        script = (Path(run.folder) / "train.py").read_text()
+        assert "capacity_factor=2.0" in script and "capacity_factor=1.25" not in script
+
+
 def test_the_first_error_is_the_ranks_not_the_launchers():
     log = ("noise\n[rank0]: Traceback (most recent call last):\n"
            "[rank0]: AssertionError: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\n"
