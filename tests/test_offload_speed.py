@@ -107,3 +107,26 @@ def test_a_variant_whose_losses_part_from_plain_fails_and_says_why(cpu):
     bad = [b for b in failed(stages_and_offload.offload_checks(variants, cpu)) if "losses match" in b]
     assert [b.split(":")[0] for b in bad] == [f"tiny {NAMES[2]}", f"mini {NAMES[1]}"]
     assert "skipped 2 step(s) for fp16 overflow" in bad[1] and "skipped" not in bad[0]
+
+
+def _result(label: str, step_s: float, gpu_gib: float, host_gib: float) -> runner.RunResult:
+    return runner.RunResult(label, runner.OK, step_times_s=[step_s] * 4, median_step_s=step_s,
+                            peak_gpu_allocated_bytes=int(gpu_gib * 2**30),
+                            peak_host_rss_bytes=int(host_gib * 2**30))
+
+
+def test_the_offload_takeaway_claims_a_cost_only_from_gpu_runs(cpu):
+    """On a CPU, offload moves nothing (0.5x 'cost' and RSS 0.7 -> 0.7 GiB once read as the
+    lesson's opposite): the line says so and quotes the T4-emulation record; on a GPU it is
+    this run's figures."""
+    import dataclasses
+
+    plain, off = _result("stage 2", 2.0, 0, 0.7), _result("stage 2 + CPU offload", 1.0, 0, 0.7)
+    no_gpu = dataclasses.replace(cpu, gpu_name=None, gpu_count=0)
+    line = stages_and_offload.offload_line(plain, off, no_gpu)
+    assert "cost" not in line and "nothing to move" in line and "2.6x the step time" in line
+    assert "GPU 7.34 -> 2.07 GiB" in line
+    gpu = dataclasses.replace(cpu, gpu_name="NVIDIA H200", gpu_count=1)
+    line = stages_and_offload.offload_line(_result("stage 2", 0.2, 7.3, 2.5),
+                                           _result("stage 2 + CPU offload", 0.6, 2.1, 8.5), gpu)
+    assert "cost 3.0x the step time" in line and "from 7.30 to 2.10 GiB" in line

@@ -484,6 +484,12 @@ def decision_table(runs: list[MethodRun], largest: dict[str, int],
                   "largest on a T4", "pick it when"], rows, title="ZeRO or LoRA: which to pick")
 
 
+#: The offload benchmark as recorded in T4 emulation (an H200 capped as a T4, fp16; DeepSpeed
+#: 0.19.8, 2026-12-03): what a CPU run cannot show.
+RECORDED_T4_OFFLOAD_RATIO = ("3.41x with fp16 master weights, 3.79x plain ZeRO-2 + CPU offload, "
+                             "at GPT-2 355M (0.524 and 0.584 s against 0.154 s): not met")
+
+
 def offload_benchmark(runs: list[MethodRun],
                       environment: kit_env.Environment | None = None) -> tuple[float | None, str]:
     """(CPU offload's step time over stage 0's, one line saying it): issue 28's goal is within 2x
@@ -502,12 +508,15 @@ def offload_benchmark(runs: list[MethodRun],
         return None, "offload benchmark: stage 0 or every offload method did not run here"
     seconds, name = min(offloaded)
     ratio = seconds / base.median_step_s
+    judged = environment is None or environment.has_gpu  # a T4's goal, judged on a GPU only
+    verdict = ("met" if ratio <= 2 else "not met") if judged else "not judged from CPU runs"
     line = (f"offload benchmark: the fastest CPU offload ({name}, {seconds:.2f} s/step) took "
             f"{ratio:.2f}x stage 0's step ({base.median_step_s:.2f} s); the goal is 2x or "
-            f"less at GPT-2 355M on a T4: {'met' if ratio <= 2 else 'not met'} here")
+            f"less at GPT-2 355M on a T4: {verdict} here")
     line += step_breakdown(ok[name], base)
-    if environment and not environment.has_gpu:
-        line += " (no GPU: offload crosses no bus here, so this says little)"
+    if not judged:
+        line += (" (no GPU: offload crosses no bus here; recorded in T4 emulation: "
+                 f"{RECORDED_T4_OFFLOAD_RATIO})")
     elif environment and environment.cpu_note():
         line += f" (CPU cores: {environment.cpu_cores}, {environment.cpu_note()})"
     return ratio, line
