@@ -409,6 +409,26 @@ def fix_stage0_fp16_adam_step_count() -> bool:
     return True
 
 
+#: torch 2.13's deprecation messages for the collectives DeepSpeed 0.19.8 calls every step
+#: (deepspeed/comm/torch.py picks them by name): one FutureWarning per step, nothing a user can act on.
+COLLECTIVE_DEPRECATIONS = (r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                           r"`torch\.distributed\.reduce_scatter_tensor` is deprecated")
+
+
+def quiet_collective_deprecations() -> bool:
+    """Silence exactly torch's FutureWarnings about ``all_gather_into_tensor`` and
+    ``reduce_scatter_tensor``, which DeepSpeed 0.19.8 calls in every ZeRO step (16 warnings in
+    one fine-tune's cell); every other warning still shows. In your project:
+    ``warnings.filterwarnings("ignore", message=..., category=FutureWarning)`` with these messages."""
+    import warnings
+
+    installed = {f[1].pattern for f in warnings.filters if f[0] == "ignore" and f[1] is not None}
+    missing = [m for m in COLLECTIVE_DEPRECATIONS if m not in installed]
+    for message in missing:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    return bool(missing)
+
+
 #: Every workaround, by what it does: :func:`apply_all` installs them in this order.
 FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check),
@@ -418,7 +438,9 @@ FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("engine.destroy() frees a ZeRO-3 engine's host memory", fix_engine_destroy_frees_memory),
          ("ZenFlow keeps the model's weights as they were", fix_zenflow_weights),
          ("stage 0 in fp16 scales its loss before backward", fix_stage0_fp16_loss_scale),
-         ("stage 0 in fp16 starts Adam's step count at 0", fix_stage0_fp16_adam_step_count))
+         ("stage 0 in fp16 starts Adam's step count at 0", fix_stage0_fp16_adam_step_count),
+         ("torch's deprecation of the collectives DeepSpeed calls each step is not repeated",
+          quiet_collective_deprecations))
 
 
 def apply_all() -> list[str]:

@@ -109,3 +109,12 @@ def test_a_link_back_or_from_the_last_notebook_fails():
         "07 points to [5], not [8]"]
     assert next_problems({8: "Next: 09 · x", 9: "Next: 06 · the biggest"}) == [
         "09 points to [6], not []"]
+
+
+def test_every_deepspeed_fix_has_a_row_in_the_docs_table():
+    from helpers import deepspeed_fixes
+
+    gaps = (ROOT / "docs/deepspeed_gaps.md").read_text()
+    table = gaps[gaps.index("## The kit's fixes"):gaps.index("## Each gap, measured")]
+    rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert rows == [fix.__name__ for _, fix in deepspeed_fixes.FIXES]
