@@ -1090,7 +1090,7 @@ def _zero_combinations(config: dict, zero, stage: int) -> list[Problem]:
             out.append(Problem("error", "zero_optimization.offload_optimizer.ratio", f"partial optimizer offload "
                                f"(ratio {offload.ratio}) needs ZeRO stage 3; DeepSpeed refuses it at stage {stage}.",
                                'Remove "ratio" (offload all of it), or use stage 3.'))
-        elif offload.device == "nvme":  # zero/stage3.py: NVMe swapping ignores the GPU/CPU split (issue 4872)
+        elif offload.device == "nvme":  # zero/stage3.py: NVMe swapping ignores the GPU/CPU split (DeepSpeed issue 4872)
             out.append(Problem("error", "zero_optimization.offload_optimizer.ratio", "partial offload (ratio < 1) is "
                                "written for CPU offload: with NVMe, stage3.py swaps sub-groups the ratio meant to "
                                "keep on the GPU, and training fails (DeepSpeed issue 4872).",

@@ -62,7 +62,7 @@ HOST_BUILD_BYTES = 1.5
 HOST_PINNED_BYTES = 6
 #: ZeRO-3's ``has_overflow`` runs ``torch.isinf``/``isnan`` over the whole flat fp16 gradient
 #: partition (``abs`` of it plus a boolean mask): a transient of about 3 bytes per parameter inside
-#: ``engine.step()``, measured on the host with the optimizer offloaded (issue 17). On the GPU
+#: ``engine.step()``, measured on the host with the optimizer offloaded. On the GPU
 #: (ZeRO-3 without offload) DeepSpeed's same code runs on the device; the kit's sliced fix
 #: (helpers.deepspeed_fixes) only covers host buffers.
 OVERFLOW_CHECK_BYTES = 3

@@ -52,8 +52,8 @@ def loss_tolerance(environment: kit_env.Environment) -> tuple[float, float]:
 
     fp32 on the CPU: ZeRO is exact, so 1e-4 everywhere. fp16 on a GPU: the first forward is the
     same (1e-3), later steps drift apart through dynamic loss scaling (a step skipped by one run and
-    not the other) and different optimizer kernels, so 10%. (Until run 23 stage 0's FP16 optimizer
-    also trained with an unscaled loss and Adam's count one step ahead: helpers.deepspeed_fixes.)
+    not the other) and different optimizer kernels, so 10%. (Without helpers.deepspeed_fixes stage 0's
+    FP16 optimizer also trains with an unscaled loss and Adam's count one step ahead.)
     """
     return (1e-4, 1e-4) if environment.precision == "fp32" else (1e-3, 0.10)
 
@@ -317,8 +317,8 @@ def shape_takeaway(rows: list[runner.Row], other: list[runner.Row], environment:
 PLAIN = "ZeRO-2 + CPU offload"
 #: The ZeRO-3 variant offloads the optimizer only: its weights stay on the GPU. The matrix's
 #: "stage 3 + CPU offload" row offloads the weights too (offload_param), so every layer's weights
-#: cross to the GPU in forward and again in backward, and steps slower (issue 27: 355M, 4.36 s there
-#: against 1.36 s here in one GPU run, under one name): two configs, two names.
+#: cross to the GPU in forward and again in backward, and steps slower (355M: 4.36 s there against
+#: 1.36 s here in one GPU run, once under one name): two configs, two names.
 ZERO3_OPTIMIZER_ONLY = "ZeRO-3 + CPU optimizer offload (weights on the GPU)"
 #: The fraction of the optimizer that partial offload leaves on the CPU (the rest is on the GPU).
 PARTIAL_RATIO = 0.3
@@ -350,8 +350,8 @@ def variant_config(name: str, model: memory.ModelInfo, environment: kit_env.Envi
     keys merged under ``zero_optimization``. So plain ZeRO-2 + CPU offload is the matrix's
     "stage 2 + CPU offload" row, and a variant differs from a row only where its name says.
 
-    (Until issue 27 the variants ran at their size's GPT-3 rate, warmed up over the run: GPT-2
-    124M reached 1e-3 at step 8 and its loss jumped from 5.29 back to 11.51 in every variant.)
+    (At their size's GPT-3 rate, warmed up over the run, GPT-2 124M reached 1e-3 at step 8 and
+    its loss jumped from 5.29 back to 11.51 in every variant.)
     ``steps`` is the run's length, which the config does not hold."""
     choice, extra = next((c, e) for n, c, e in VARIANTS if n == name)
     ds = config.for_row(choice, model, environment, micro_batch)

@@ -492,7 +492,7 @@ RECORDED_T4_OFFLOAD_RATIO = ("3.41x with fp16 master weights, 3.79x plain ZeRO-2
 
 def offload_benchmark(runs: list[MethodRun],
                       environment: kit_env.Environment | None = None) -> tuple[float | None, str]:
-    """(CPU offload's step time over stage 0's, one line saying it): issue 28's goal is within 2x
+    """(CPU offload's step time over stage 0's, one line saying it): the goal is within 2x
     at GPT-2 355M on a T4 (a benchmark, reported, not asserted). The fastest offload method that
     ran counts; None where stage 0 or every offload method did not run. Where both runs timed
     ``engine.step()`` alone, the line splits the time offload adds between the optimizer step (the
