@@ -1,4 +1,4 @@
-# ZeRO Kit entry points. Two commands matter (README, Quickstart):
+# ZeRO Kit entry points. Two commands matter (README, "Run it anywhere else"):
 #   make tutorial   set up, then run every notebook headless; executed copies in build/tutorial/
 #   make test       set up, then run every test: pytest of helpers and configs, nbval of notebooks
 # Both start with `make setup`, which does all the set-up: the system packages where this machine
