@@ -519,3 +519,21 @@ def test_fp16_master_weights_gone_nan_in_fp16_fail_their_check(fp16):
     runs = _good_runs()
     runs[6] = lesson.MethodRun(master, went, {"fp16": {"enabled": True}})
     assert any(lesson.FP16_MASTER in s for s in _failed(runs, fp16))
+
+
+def test_notebook_09s_one_silenced_warning_is_the_one_peft_triggers():
+    """The lesson silences one FutureWarning by its words: transformers must still say them when
+    PEFT reads model.is_gradient_checkpointing (if it stops, drop the filter)."""
+    import re
+    import warnings
+
+    import lesson_code
+    from helpers import models
+
+    cell = next(s for s in lesson_code.lesson_sources("09_zero_or_lora") if "get_peft_model" in s)
+    pattern = re.search(r'filterwarnings\("ignore", message="([^"]+)"', cell).group(1)
+    model = models.build_model(models.gpt2_config("tiny", vocab_size=256))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert model.is_gradient_checkpointing is False
+    assert [w for w in seen if w.category is FutureWarning and re.match(pattern, str(w.message))]
