@@ -8,6 +8,7 @@ import dataclasses
 import json
 import re
 
+import lesson_code
 from helpers import memory
 from helpers.lessons import gpu_check
 from tools import nbtool
@@ -160,26 +161,13 @@ def test_notebook_07_refuses_stage_0_where_zero_to_fp32_fails(tmp_path):
 # ---- transformers 5.24: gradient checkpointing by its new name -----------------------------------------
 
 
-def definitions(source: str) -> str:
-    """A cell's imports, functions and UPPER_CASE assignments, without the statements that run."""
-    import ast
-
-    keep = [node for node in ast.parse(source).body
-            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))
-            or isinstance(node, ast.Assign) and all(
-                isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)]
-    return "\n".join(ast.unparse(node) for node in keep)
-
-
 def test_the_training_arguments_ask_for_checkpointing_without_a_future_warning(tmp_path):
     """TrainingArguments(gradient_checkpointing=...) prints a FutureWarning in transformers 5.24:
-    notebook 04's lesson and the kit's own arguments use the name transformers asks for, and the
-    model's checkpointing is switched on all the same."""
+    notebook 04's lesson uses the name transformers asks for, and the model's checkpointing is
+    switched on all the same."""
     import warnings
 
     from transformers import TrainingArguments
-
-    from helpers.lessons import zero2_training
 
     with warnings.catch_warnings(record=True) as caught:  # the fact: the old name warns
         warnings.simplefilter("always")
@@ -187,17 +175,13 @@ def test_the_training_arguments_ask_for_checkpointing_without_a_future_warning(t
     assert any(issubclass(w.category, FutureWarning) and "gradient_checkpointing" in str(w.message)
                for w in caught)
 
-    cells = json.loads((nbtool.NOTEBOOKS / "04_zero2_training.ipynb").read_text())["cells"]
-    lessons = [nbtool.source(c) for c in cells if "lesson" in c["metadata"].get("tags", [])]
-    namespace: dict = {}
-    exec(definitions(next(s for s in lessons if "def training_args" in s)), namespace)
-    namespace.update(OUT_DIR=str(tmp_path), ds_config=None, MICRO_BATCH=2, STEPS=4, LR=1e-3,
-                     PRECISION="fp32", GRAD_CKPT=True, torch=__import__("torch"))
+    namespace = lesson_code.lesson_functions(
+        "04_zero2_training", ["training_args"], OUT_DIR=str(tmp_path), ds_config=None,
+        MICRO_BATCH=2, STEPS=4, LR=1e-3, PRECISION="fp32", GRAD_CKPT=True,
+        torch=__import__("torch"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        made = {"notebook 04": namespace["training_args"](),
-                "helpers": zero2_training.training_args(tmp_path, None, 4, 2, 1e-3, "fp32",
-                                                        grad_ckpt=True)}
+        made = {"notebook 04": namespace["training_args"]()}
     assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
     for where, args in made.items():
         assert args.activation_checkpointing is True, where
@@ -281,8 +265,8 @@ def test_notebook_04s_lines_and_notebook_05s_ram_axis_keep_one_unit(tmp_path):
     records = [{"loss": 5.0 - i, "tokens_per_s": 100.0, "host_rss_bytes": 3 * 2**30,
                 "gpu_peak_bytes": 2**30, "skipped_steps": 0} for i in range(3)]
     run = zero2_training.TrainRun("ok", records=records, seconds=1.0, micro_batch=2)
-    oom = zero2_training.TrainRun("out of GPU memory", "simulated on CPU")
-    lines = zero2_training.takeaways(run, machine, 0.0, True, oom, "zero2.json", (4.9, 3.7))
+    advice = "out of GPU memory at micro batch 1024: lower per_device_train_batch_size"
+    lines = zero2_training.takeaways(run, machine, 0.0, True, advice, "zero2.json", (4.9, 3.7))
     lines += [" ".join(row) for row in zero2_training.summary_table(run, machine).rows]
     assert not [(line, unconverted_gb(line)) for line in lines if unconverted_gb(line)]
 

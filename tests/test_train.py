@@ -4,6 +4,7 @@ save and reload, resume, and out-of-memory handling."""
 import torch
 import pytest
 
+import lesson_code
 from helpers import claims, config, data, models
 from helpers.lessons import zero2_training
 
@@ -47,13 +48,35 @@ def tiny_model():
     return models.build_model(models.gpt2_config("tiny", vocab_size=models.ByteTokenizer.vocab_size))
 
 
+def lesson(out_dir, micro_batch: int = 4) -> dict:
+    """Notebook 04's own training_args and train_or_advise (its lesson cells' definitions), with the
+    parameters they read: the code a learner copies is the code these tests train with."""
+    return lesson_code.lesson_functions(
+        "04_zero2_training", ["training_args", "train_or_advise"], OUT_DIR=str(out_dir),
+        ds_config=config.load("zero2"), MICRO_BATCH=micro_batch, STEPS=12, LR=3e-3,
+        PRECISION="fp32", GRAD_CKPT=False, torch=torch)
+
+
+def train(taught: dict, model, dataset, **train_kwargs) -> zero2_training.TrainRun:
+    """The lesson's Trainer on ``model``, watched by the kit's callback, trained in this process."""
+    from transformers import Trainer, default_data_collator
+
+    from helpers import deepspeed_fixes, env
+
+    deepspeed_fixes.apply_all()
+    env.setup_single_process_dist()  # the launcher's variables for one process (the lesson's cell)
+    trainer = Trainer(model=model, args=taught["training_args"](), train_dataset=dataset,
+                      data_collator=default_data_collator)
+    metrics = zero2_training.watch(trainer, tokens_per_step=4 * len(dataset[0]["input_ids"]))
+    trainer.train(**train_kwargs)
+    return zero2_training.run_of(trainer, metrics, 0.0, 4)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     dataset = blocks(40_000)
-    run = zero2_training.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
-                         precision="fp32", save_steps=6)
-    return dataset, run, out
+    return dataset, train(lesson(out), tiny_model(), dataset), out
 
 
 def test_callback_records_every_step(trained):
@@ -83,8 +106,8 @@ def test_save_reload_gives_equal_logits(trained, tmp_path):
 
 def test_resume_continues_at_the_same_step_and_loss(trained):
     dataset, run, out = trained
-    resumed = zero2_training.finetune(tiny_model(), dataset, config.load("zero2"), out, steps=12, micro_batch=4, lr=3e-3,
-                             precision="fp32", resume_from=str(out / "checkpoint-6"))
+    resumed = train(lesson(out), tiny_model(), dataset,
+                    resume_from_checkpoint=str(out / "checkpoint-6"))
     first, again = zero2_training.logged_losses(run.trainer), resumed.losses_by_step()
     assert min(again) == 7 and zero2_training.resumed_like(first, again, 6, rtol=1e-4) == (True, True)
     assert zero2_training.resumed_like(first, again, 5, rtol=1e-4) == (False, True)
@@ -92,14 +115,40 @@ def test_resume_continues_at_the_same_step_and_loss(trained):
     assert zero2_training.resumed_like(first, {}, 6, rtol=1e-4) == (False, False)
 
 
-def test_out_of_memory_becomes_advice_and_the_next_run_works(tmp_path):
-    model, dataset = tiny_model(), blocks(20_000)
-    oom = zero2_training.finetune(model, dataset, config.load("zero2"), tmp_path, steps=3, micro_batch=4,
-                         precision="fp32", fail_at_step=1)
-    assert oom.status == "out of GPU memory"
-    assert oom.message.startswith("out of GPU memory at micro batch 4 (simulated on CPU): try ZeRO-2")
-    again = zero2_training.finetune(model, dataset, config.load("zero2"), tmp_path, steps=2, micro_batch=4, precision="fp32")
-    assert again.status == "ok"
+def test_the_lessons_out_of_memory_handling_gives_advice_and_the_next_run_works(tmp_path):
+    """Notebook 04's train_or_advise: CUDA's out-of-memory error (raised by the kit's callback on
+    a CPU) becomes the advice the claim wants; the same model then trains in a new Trainer."""
+    from transformers import Trainer, default_data_collator
+
+    from helpers import env
+
+    taught, model, dataset = lesson(tmp_path), tiny_model(), blocks(20_000)
+    env.setup_single_process_dist()
+    too_big = Trainer(model=model, args=taught["training_args"](), train_dataset=dataset,
+                      data_collator=default_data_collator,
+                      callbacks=[zero2_training.SimulatedOutOfMemory()])
+    advice = taught["train_or_advise"](too_big)
+    assert advice.startswith("out of GPU memory at micro batch 4: lower per_device_train_batch_size")
+    assert zero2_training.oom_claim(advice)[1] and too_big.deepspeed is None
+    assert not zero2_training.oom_claim("")[1]  # a run that trained has no advice to claim
+    assert not zero2_training.oom_claim("out of GPU memory: try again")[1]  # names no setting
+    again = train(taught, model, dataset)
+    assert claims.loss_falls(again.losses()), again.losses()
+
+
+def test_the_lessons_handling_lets_other_errors_through(tmp_path):
+    from transformers import Trainer, TrainerCallback, default_data_collator
+
+    class Broken(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            raise RuntimeError("expected all tensors to be on the same device")
+
+    taught = lesson(tmp_path)
+    trainer = Trainer(model=tiny_model(), args=taught["training_args"](),
+                      train_dataset=blocks(20_000), data_collator=default_data_collator,
+                      callbacks=[Broken()])
+    with pytest.raises(RuntimeError, match="same device"):
+        taught["train_or_advise"](trainer)
 
 
 def test_notebook_checks_fail_on_a_bad_run(trained):
@@ -107,10 +156,11 @@ def test_notebook_checks_fail_on_a_bad_run(trained):
     from helpers import env
 
     broken = zero2_training.TrainRun("error", "boom", run.records[:2])
-    oom = zero2_training.TrainRun("out of GPU memory", "out of GPU memory at micro batch 4: try ... (notebook 05)")
-    good = dict(zero2_training.checks(run, 0.0, (True, True), oom, env.describe(), (7.0, 6.0), 1024))
+    advice = ("out of GPU memory at micro batch 4: lower per_device_train_batch_size and raise "
+              "gradient_accumulation_steps")
+    good = dict(zero2_training.checks(run, 0.0, (True, True), advice, env.describe(), (7.0, 6.0), 1024))
     assert all(good.values()), good
-    bad = dict(zero2_training.checks(broken, 1.0, (False, True), zero2_training.TrainRun("ok"), env.describe(),
+    bad = dict(zero2_training.checks(broken, 1.0, (False, True), "", env.describe(),
                                      (7.0, 7.5), 1024))
     failed = {k.split(":")[0] for k, held in bad.items() if not held}
     assert {"training ran", "training", "the held-out loss fell (7.0000 -> 7.5000)",

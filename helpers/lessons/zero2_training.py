@@ -18,7 +18,9 @@ from helpers import claims, config, launch, memory, show
 from helpers import env as kit_env
 from helpers.show import Table, GiB
 
-OOM_ADVICE = "try ZeRO-2 with CPU offload or a smaller batch (notebook 05)"
+#: What the lesson's out-of-memory advice must name: the setting to lower and the one that keeps
+#: the batch (notebook 04's train_or_advise).
+OOM_ADVICE_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps")
 #: Largest logit difference allowed between the trained model and its reload from disk.
 #: How far a reloaded model's logits may stray from the trained one's, relative to the largest
 #: |logit| (claims.relative_logit_difference): fp32 on a CPU gave 0.0; half precision rounds.
@@ -35,19 +37,13 @@ class MetricsCallback(_trainer_callback_base()):
     """Per optimizer step: loss, learning rate, fp16 loss scale, skipped (overflow) steps, tokens/s,
     GPU memory allocated / reserved / peak, host RSS of this process."""
 
-    def __init__(self, tokens_per_step: int, fail_at_step: int | None = None) -> None:
+    def __init__(self, tokens_per_step: int) -> None:
         self.tokens_per_step = tokens_per_step
         self.records: list[dict] = []
-        self.fail_at_step = fail_at_step  # test hook: raise an out-of-memory error at this step
         self.trainer = None
         self._start = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.fail_at_step is not None and state.global_step >= self.fail_at_step:
-            import torch
-
-            where = "simulated on CPU" if not torch.cuda.is_available() else "simulated"
-            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB ({where})")
         self._start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -73,6 +69,17 @@ class MetricsCallback(_trainer_callback_base()):
             self.records[-1]["lr"] = float(logs.get("learning_rate", 0.0))
 
 
+class SimulatedOutOfMemory(_trainer_callback_base()):
+    """Raises CUDA's out-of-memory error at the first step: what a micro batch past the GPU does,
+    for a machine without GPU memory to run out of (notebook 04's demonstration on a CPU)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import torch
+
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB "
+                                          "(simulated: no GPU here)")
+
+
 @dataclass
 class TrainRun:
     """What a training run produced: its status, the callback's records, the trainer (when ok)."""
@@ -96,34 +103,6 @@ class TrainRun:
         return {r["step"]: r["loss"] for r in self.records if "loss" in r}
 
 
-def checkpointing_argument() -> str:
-    """The TrainingArguments name of gradient checkpointing: ``activation_checkpointing`` in
-    transformers 5 (whose old name, ``gradient_checkpointing``, prints a FutureWarning and goes in
-    v6), ``gradient_checkpointing`` before it."""
-    from transformers import TrainingArguments
-
-    new = "activation_checkpointing"
-    return new if new in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
-
-
-def training_args(out_dir: str | os.PathLike, ds_config: dict, steps: int, micro_batch: int, lr: float,
-                  precision: str, grad_accum: int = 1, save_steps: int | None = None, seed: int = 0,
-                  grad_ckpt: bool = False):
-    """TrainingArguments for a DeepSpeed run in this process: logging every step, no reporting."""
-    import torch
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(out_dir), max_steps=steps, per_device_train_batch_size=micro_batch,
-        gradient_accumulation_steps=grad_accum, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="steps" if save_steps else "no",
-        save_steps=save_steps or 500, report_to=[], deepspeed=ds_config, fp16=precision == "fp16",
-        bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed, data_seed=seed,
-        dataloader_num_workers=0, **{checkpointing_argument(): grad_ckpt},
-        disable_tqdm=os.environ.get("TQDM_DISABLE") == "1",
-    )
-
-
 def free_memory(trainer=None) -> None:
     """Drop a trainer's DeepSpeed engine and give cached GPU memory back."""
     import torch
@@ -141,65 +120,6 @@ def free_memory(trainer=None) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def finetune(model, dataset, ds_config: dict, out_dir: str | os.PathLike, steps: int, micro_batch: int,
-             lr: float = 5e-4, precision: str | None = None, seq_len: int | None = None, save_steps: int | None = None,
-             resume_from: str | None = None, seed: int = 0, grad_ckpt: bool = False,
-             fail_at_step: int | None = None) -> TrainRun:
-    """Train with the HF Trainer and a DeepSpeed config; an out-of-memory error becomes a status with
-    advice, the memory is freed, and nothing is raised."""
-    import torch
-    from transformers import Trainer, default_data_collator
-
-    from helpers import deepspeed_fixes
-
-    deepspeed_fixes.apply_all()
-    kit_env.setup_single_process_dist()
-    precision = precision or kit_env.describe().precision
-    seq_len = seq_len or len(dataset[0]["input_ids"])
-    callback = MetricsCallback(micro_batch * seq_len, fail_at_step=fail_at_step)
-    args = training_args(out_dir, ds_config, steps, micro_batch, lr, precision, save_steps=save_steps, seed=seed,
-                         grad_ckpt=grad_ckpt)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
-                      callbacks=[callback])
-    callback.trainer = trainer
-    start = time.perf_counter()
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        trainer.train(resume_from_checkpoint=resume_from)
-    except Exception as err:
-        oom = kit_env.is_out_of_memory(err)
-        free_memory(trainer)
-        if not oom:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            return TrainRun("error", f"{type(err).__name__}: {show.clip(first, 300)}", callback.records, None,
-                            time.perf_counter() - start, micro_batch)
-        simulated = " (simulated on CPU)" if "simulated on CPU" in str(err) else ""
-        return TrainRun(kit_env.OUT_OF_GPU_MEMORY,
-                        f"out of GPU memory at micro batch {micro_batch}{simulated}: {OOM_ADVICE}",
-                        callback.records, None, time.perf_counter() - start, micro_batch)
-    return TrainRun("ok", "", callback.records, trainer, time.perf_counter() - start, micro_batch)
-
-
-def out_of_memory_demo(model, dataset, ds_config: dict, out_dir: str | os.PathLike, precision: str,
-                       lr: float, micro_batch: int = 1024) -> TrainRun:
-    """Notebook 04's out-of-memory demonstration: :func:`finetune` at a micro batch far past a T4's
-    15 GiB (the blocks repeated until one batch holds ``micro_batch`` of them; gradient checkpointing
-    off), which comes back as a status with advice. On a CPU the error is simulated at the first
-    step (there is no GPU memory to run out of), and the message says so."""
-    import torch
-    from datasets import concatenate_datasets
-
-    if not torch.cuda.is_available():
-        return finetune(model, dataset, ds_config, out_dir, steps=2, micro_batch=2, lr=lr, precision=precision,
-                        fail_at_step=0)
-    # transformers 5's name (its old one, gradient_checkpointing_disable, prints a FutureWarning)
-    getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
-    repeated = concatenate_datasets([dataset] * (micro_batch // max(1, len(dataset)) + 1))
-    return finetune(model, repeated, ds_config, out_dir, steps=2, micro_batch=micro_batch, lr=lr,
-                    precision=precision)
 
 
 def watch(trainer, tokens_per_step: int) -> MetricsCallback:
@@ -249,9 +169,9 @@ def logit_difference(model, other, batch) -> float:
 
 
 def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float, resumed_at: bool,
-              oom: TrainRun, config_name: str, held_out: tuple[float, float]) -> list[str]:
-    """Notebook 04's summary: what this run showed, each figure from the run itself; ``held_out``
-    is the held-out loss (before, after)."""
+              advice: str, config_name: str, held_out: tuple[float, float]) -> list[str]:
+    """Notebook 04's summary: what this run showed, each figure from the run itself; ``advice`` is
+    what the out-of-memory demonstration returned, ``held_out`` the held-out loss (before, after)."""
     losses = run.losses()
     recs = run.records
     timed = sorted(r["tokens_per_s"] for r in recs[1:]) or [0.0]
@@ -260,7 +180,7 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
     cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes / GiB
     where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's {cap:.2f} GiB" if environment.has_gpu
              else "no GPU here: the CPU trained in fp32")
-    simulated = " (simulated on CPU)" if "simulated" in oom.message else ""
+    simulated = "" if environment.has_gpu else " (simulated: no GPU here)"
     return [
         f"{config_name} through the Trainer: {len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f} "
         f"(lowest {min(losses):.2f}), {timed[len(timed) // 2]:,.0f} tokens/s, {environment.precision}; "
@@ -269,7 +189,7 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
         f"{show.in_gib(kit_env.EMULATIONS['t4'].notebook_ram_bytes, True)} a free Colab leaves it.",
         f"trainer.save_model + from_pretrained gave the same logits (largest difference {logit_diff:.1e}).",
         f"resume_from_checkpoint continued at the next step: {resumed_at}.",
-        f"Out of GPU memory{simulated} came back as advice, not a crash: {show.clip(oom.message, 90)}.",
+        f"Out of GPU memory{simulated} came back as advice, not a crash: {show.clip(advice, 90)}.",
     ]
 
 
@@ -321,7 +241,14 @@ def reload_claim(logit_diff: float, precision: str | None) -> claims.Claim:
             math.isfinite(logit_diff) and logit_diff <= tol)
 
 
-def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: TrainRun,
+def oom_claim(advice: str) -> claims.Claim:
+    """Out of GPU memory came back as advice naming the settings to change (a run that trained,
+    or advice naming neither, fails)."""
+    return ("out of GPU memory was reported with advice",
+            advice.startswith("out of GPU memory") and all(n in advice for n in OOM_ADVICE_NAMES))
+
+
+def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], advice: str,
            environment: kit_env.Environment, held_out: tuple[float, float],
            vocab: int) -> list[claims.Claim]:
     """The claims notebook 04 asserts, each (claim, held); each can fail on a bad run. ``held_out``
@@ -339,8 +266,7 @@ def checks(run: TrainRun, logit_diff: float, resume: tuple[bool, bool], oom: Tra
         reload_claim(logit_diff, environment.precision),
         ("resume continued at the next step", resume[0]),
         ("resume reproduced the losses", resume[1]),
-        ("out of GPU memory was reported with advice", oom.status == kit_env.OUT_OF_GPU_MEMORY
-         and "notebook 05" in oom.message),
+        oom_claim(advice),
     ]
 
 
