@@ -756,10 +756,6 @@ print("VERDICTS " + json.dumps(out))
 def test_the_misses_and_false_alarms_agree_with_deepspeed_itself(tmp_path):
     """Each case run by DeepSpeed on its CPU accelerator (initialize, two steps), in one fresh
     process: check() has an error exactly where DeepSpeed refuses."""
-    import socket
-    import subprocess
-    import sys
-
     ground = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
 
     def case(stage, optimizer, **top):
@@ -778,16 +774,7 @@ def test_the_misses_and_false_alarms_agree_with_deepspeed_itself(tmp_path):
          False),
     ]
     cases[-1][0]["zero_optimization"]["stage3_prefetch_bucket_size"] = "auto"
-    (tmp_path / "configs.json").write_text(json.dumps([c for c, _ in cases]))
-    (tmp_path / "run.py").write_text(_ENGINE_VERDICTS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "configs.json"),
-                           str(port)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    line = [x for x in done.stdout.splitlines() if x.startswith("VERDICTS ")]
-    assert line, done.stderr[-3000:]
-    verdicts = json.loads(line[0].removeprefix("VERDICTS "))
+    verdicts = _verdicts(tmp_path, [c for c, _ in cases])
     for (cfg, refused), verdict in zip(cases, verdicts):
         assert (verdict is not None) == refused, (cfg, verdict)
         errors = [str(p) for p in config.check(cfg, for_trainer=False) if p.level == "error"]
