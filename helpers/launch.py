@@ -237,6 +237,13 @@ def launched(launcher: str, returncode: int, log_file: str | os.PathLike, second
 LOG_LINES_SHOWN = 15
 
 
+def log_end(log: str, sep: str = "\n") -> str:
+    """The last LOG_LINES_SHOWN non-empty lines of a failed launch's log, joined by ``sep``: all
+    a CI log shows of why a launched run failed."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return sep.join(lines[-LOG_LINES_SHOWN:]) or "(empty)"
+
+
 def launch_claims(runs: Sequence[Launched], steps: int,
                   matches: Callable[[str, list[float]], claims.Claim]) -> list[claims.Claim]:
     """Each able to fail: both launchers ran, each exited 0, printed ``steps`` losses, and those
@@ -246,7 +253,7 @@ def launch_claims(runs: Sequence[Launched], steps: int,
     for r in runs:
         label = f"{r.launcher}: train.py exited 0 (exit code {r.returncode})"
         if r.returncode != 0:  # what went wrong, where a failed check is all a CI log shows
-            label += "; its log ends:\n" + "\n".join(r.tail.splitlines()[-LOG_LINES_SHOWN:])
+            label += "; its log ends:\n" + log_end(r.tail)
         out.append((label, r.returncode == 0))
         label, held = matches(f"{r.launcher}: the launched run", r.losses)
         out.append((f"{label}, all {steps} steps", held and len(r.losses) == steps))

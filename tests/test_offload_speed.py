@@ -130,3 +130,6 @@ def test_the_offload_takeaway_claims_a_cost_only_from_gpu_runs(cpu):
     line = stages_and_offload.offload_line(_result("stage 2", 0.2, 7.3, 2.5),
                                            _result("stage 2 + CPU offload", 0.6, 2.1, 8.5), gpu)
     assert "cost 3.0x the step time" in line and "from 7.30 to 2.10 GiB" in line
+    unmeasured = runner.RunResult("stage 2", runner.OK, median_step_s=0.2, peak_host_rss_bytes=2**30)
+    assert "from - to 2.10 GiB" in stages_and_offload.offload_line(  # no GPU peak: no crash
+        unmeasured, _result("stage 2 + CPU offload", 0.6, 2.1, 8.5), gpu)

@@ -338,7 +338,7 @@ def test_a_run_that_died_without_an_exception_quotes_its_log_end_and_its_claim_n
     log = "".join(f"line {i}\n" for i in range(20)) + "Signal 6 (SIGABRT) received by PID 5636\n"
     died = _launched(tmp_path, [], returncode=-6, log=log)
     assert died.status == runner.ERROR and "\n" not in died.message
-    assert died.message.startswith("0 of 2 ranks reported, exit code -6; its log ends: line 13")
+    assert died.message.startswith("0 of 2 ranks reported, exit code -6; its log ends: line 6")
     assert died.message.endswith("Signal 6 (SIGABRT) received by PID 5636")
     sentence, held = beyond_data_parallelism._ran_or_explained({"p": died})
     assert not held and "failed: p: 0 of 2 ranks reported" in sentence

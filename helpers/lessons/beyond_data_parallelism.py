@@ -130,16 +130,6 @@ def first_error(log: str) -> str:
     return show.clip(" ".join(found.group(1).split()), 300) if found else ""
 
 
-#: Lines of a failed run's log that its message quotes when no exception names the cause.
-LOG_LINES_SHOWN = 8
-
-
-def log_end(log: str) -> str:
-    """The last LOG_LINES_SHOWN non-empty lines of a log, joined with " / " (one line)."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    return " / ".join(lines[-LOG_LINES_SHOWN:]) or "(empty)"
-
-
 def _ranks(run: Launch) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in Path(run.folder).glob("rank*.json")),
                   key=lambda r: r.get("rank", 0))
@@ -166,7 +156,7 @@ def result(run: Launch) -> runner.RunResult:
         log = _log(run)
         done.message = (f"timed out after {LAUNCH_TIMEOUT_S} s" if run.returncode == 124 else
                         first_error(log) or f"{done.message or 'failed'}, exit code "
-                        f"{run.returncode}; its log ends: " + log_end(log))
+                        f"{run.returncode}; its log ends: " + launch.log_end(log, " / "))
     runner.report({"shape": run.layout, **asdict(done)})
     return done
 

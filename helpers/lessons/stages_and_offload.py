@@ -236,8 +236,8 @@ def offload_line(plain: runner.RunResult, off: runner.RunResult,
     if environment.has_gpu:
         return (f"CPU offload of stage 2 cost {off.median_step_s / plain.median_step_s:.1f}x the "
                 f"step time ({plain.median_step_s:.2f} -> {off.median_step_s:.2f} s), took the GPU's "
-                f"peak from {plain.peak_gpu_allocated_bytes / GiB:.2f} to "
-                f"{off.peak_gpu_allocated_bytes / GiB:.2f} GiB and moved the optimizer to RAM (host "
+                f"peak from {show.gib(plain.peak_gpu_allocated_bytes)} to "
+                f"{show.gib(off.peak_gpu_allocated_bytes)} GiB and moved the optimizer to RAM (host "
                 f"RSS {plain.peak_host_rss_bytes / GiB:.1f} -> {off.peak_host_rss_bytes / GiB:.1f} GiB).")
     (s0, g0, h0), (s1, g1, h1) = (RECORDED_T4_OFFLOAD[k] for k in ("stage 2", "stage 2 + CPU offload"))
     return (f"No GPU here, so CPU offload had nothing to move (its step: {plain.median_step_s:.2f} -> "
