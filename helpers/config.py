@@ -335,6 +335,27 @@ STAGE_ROWS: list[tuple[str, dict]] = [
     ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
 ]
 
+def row_choice(zero: dict) -> dict:
+    """The :func:`build` arguments a ``zero_optimization`` block asks for, as :data:`STAGE_ROWS`
+    writes them: its stage, and the device of each offload that is not ``"none"``."""
+    choice = {"stage": int(zero.get("stage", 0))}
+    for key in ("offload_optimizer", "offload_param"):
+        device = (zero.get(key) or {}).get("device", "none")
+        if device != "none":
+            choice[key] = device
+    return choice
+
+
+def overlaid(base: dict, over: dict) -> dict:
+    """A copy of ``base`` with every key of ``over`` set on it: nested blocks merged key by key,
+    ``over``'s value kept wherever both set one (a learner's config over the kit's tuning)."""
+    out = json.loads(json.dumps(base))
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = overlaid(out[key], value) if both else json.loads(json.dumps(value))
+    return out
+
+
 #: How many optimizer sub-groups the model is cut into: a quarter of the model in the stage rows,
 #: 1/32 in ZeRO-Infinity's config, where a sub-group's fp32 weights, gradients and moments pass
 #: through host RAM together (1/32 keeps that near 1 GB at 1.5B parameters).

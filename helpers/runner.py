@@ -617,21 +617,29 @@ class Row:
 
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
-               world_size: int = 1, progress: bool = True) -> list[Row]:
-    """Run every row of config.STAGE_ROWS (or ``labels``) with ``world_size`` ranks (one per GPU, or
-    CPU ranks with gloo where there is no GPU), each predicted too; NVMe without async_io becomes an
-    explained row."""
+               world_size: int = 1, progress: bool = True,
+               configs: dict[str, dict] | None = None) -> list[Row]:
+    """Run every row of ``configs`` (label: a learner's engine config, as notebook 05's lesson cell
+    writes them) or, without them, of config.STAGE_ROWS; only ``labels`` where given. Each runs
+    with ``world_size`` ranks (one per GPU, or CPU ranks with gloo where there is no GPU) and is
+    predicted too. A given config runs as written: the kit's tuning for the row
+    (:func:`helpers.config.for_row`) fills only the keys it leaves unset. NVMe without async_io
+    becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.for_shape(shape)
     rows = []
-    todo = [(label, choice) for label, choice in kit_config.STAGE_ROWS if labels is None or label in labels]
-    for label, choice in tqdm(todo, desc="configs", disable=not progress):
+    given = ([(label, kit_config.row_choice(cfg.get("zero_optimization", {})), cfg)
+              for label, cfg in configs.items()] if configs is not None
+             else [(label, choice, {}) for label, choice in kit_config.STAGE_ROWS])
+    todo = [row for row in given if labels is None or row[0] in labels]
+    for label, choice, written in tqdm(todo, desc="configs", disable=not progress):
         if "nvme" in choice.values() and not nvme_ready:
             rows.append(Row(label, choice, None, RunResult(
                 label, NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        ds = kit_config.for_row(choice, info, environment, micro_batch, world_size)
+        ds = kit_config.overlaid(kit_config.for_row(choice, info, environment, micro_batch, world_size),
+                                 written)
         spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                        grad_ckpt=grad_ckpt, label=label, world_size=world_size)
         est = memory.estimate(info, spec.ds_config, world_size=spec.world_size, micro_batch=spec.micro_batch,

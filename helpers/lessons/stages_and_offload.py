@@ -1,6 +1,6 @@
-"""Notebook 05, stages and offload side by side: the stage and offload rows (helpers.config's
-STAGE_ROWS, each run in its own subprocess by helpers.runner.run_matrix and predicted by
-helpers.memory) in figures, the claims ZeRO makes checked, ZeRO's fractions with 2 ranks, and
+"""Notebook 05, stages and offload side by side: the stage and offload rows (the configs the
+notebook's lesson cell writes, each run in its own subprocess by helpers.runner.run_matrix and
+predicted by helpers.memory) in figures, the claims ZeRO makes checked, ZeRO's fractions with 2 ranks, and
 the faster CPU offload variants (the last section). ``python -m helpers matrix`` runs the rows
 from a terminal:
 
@@ -497,17 +497,23 @@ def _ran_configs(rows: list[runner.Row]) -> dict[str, dict]:
 
 
 def lesson_keys_claims(lesson_rows: dict[str, dict], rows: list[runner.Row]) -> list[claims.Claim]:
-    """Each able to fail: every row the lesson writes is a row of the matrix, and each row that ran
-    carries every key the lesson sets under ``zero_optimization``, with the lesson's value (a
-    ``nvme_path`` may differ: it is the machine's folder)."""
+    """Each able to fail: the matrix ran every row the lesson writes and no other, and each row
+    that ran carries every key the lesson sets under ``zero_optimization``, with the lesson's value
+    (the kit's tuning must not have overridden one). Each row is also one of the kit's stage rows
+    (:data:`helpers.config.STAGE_ROWS`, which the sizing table and notebook 03 predict): the same
+    stage and offload devices under the same label."""
     ran = _ran_configs(rows)
-    out = [("the lesson's rows are the matrix's rows",
-            set(lesson_rows) == {label for label, _ in config.STAGE_ROWS})]
+    kit_rows = dict(config.STAGE_ROWS)
+    others = [label for label, zero in lesson_rows.items()
+              if kit_rows.get(label) != config.row_choice(zero)]
+    out = [("the matrix ran the lesson's rows", set(lesson_rows) == {r.label for r in rows}),
+           ("each lesson row is the kit's row of its name (stage and offload devices)"
+            + (f" (not: {', '.join(others)})" if others else ""), not others)]
     for label, zero in lesson_rows.items():
         if label not in ran:
             continue
         flat = flatten(ran[label].get("zero_optimization", {}))
-        wanted = {k: v for k, v in flatten(zero).items() if not k.endswith("nvme_path")}
+        wanted = flatten(zero)
         missing = [f"{k}={v!r} (ran {flat.get(k)!r})" for k, v in wanted.items() if flat.get(k) != v]
         out.append((f"{label}: the config that ran sets the lesson's keys"
                     + (f" (not: {', '.join(missing)})" if missing else ""), not missing))

@@ -1,0 +1,116 @@
+"""Notebook 05's matrix runs its lesson cell's configs: the cell's own definitions (ZERO_ROWS,
+row_config, ROW_CONFIGS) executed as the notebook defines them, an edit to the cell reaching the
+config a run gets, and the checks that notice when a run lost one of the cell's keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import config, runner
+from helpers import env as kit_env
+from helpers.lessons import stages_and_offload as lesson
+from tests.lesson_code import definitions, lesson_sources
+
+STEM = "05_stages_and_offload"
+STAGE_3 = '"stage 3": {"stage": 3},'
+
+
+def _lesson_cell() -> str:
+    cells = [s for s in lesson_sources(STEM) if "ZERO_ROWS = {" in s]
+    assert len(cells) == 1, "notebook 05 should define ZERO_ROWS in one lesson cell"
+    return cells[0]
+
+
+def _lesson(tmp_path, source: str | None = None) -> dict:
+    """The lesson cell's definitions, run with the parameters it reads (a CPU's fp32)."""
+    namespace = {"MICRO_BATCH": 2, "PRECISION": "fp32", "WORK_DIR": str(tmp_path)}
+    exec(definitions(source or _lesson_cell()), namespace)
+    return namespace
+
+
+def _ran(monkeypatch, configs: dict[str, dict] | None) -> tuple[list[runner.Row], dict[str, dict]]:
+    """run_matrix with each run replaced by a note of the config it was given."""
+    seen = {}
+
+    def measure(spec, log_path=None):
+        seen[spec.label] = spec.ds_config
+        return runner.RunResult(spec.label, runner.OK, losses=[1.0, 0.5])
+
+    monkeypatch.setattr(runner, "measure", measure)
+    rows = runner.run_matrix("tiny", kit_env.describe(), 2, 64, 2, configs=configs, progress=False)
+    return rows, seen
+
+
+def test_the_matrix_runs_every_key_the_lesson_cell_writes(monkeypatch, tmp_path):
+    written = _lesson(tmp_path)["ROW_CONFIGS"]
+    rows, ran = _ran(monkeypatch, written)
+    assert list(ran) == list(written)
+    for label, cfg in written.items():
+        flat, wanted = lesson.flatten(ran[label]), lesson.flatten(cfg)
+        assert {k: flat.get(k) for k in wanted} == wanted, label
+    assert ran["stage 3 + NVMe offload"]["zero_optimization"]["offload_param"]["nvme_path"] == (
+        str(tmp_path / "offload"))
+    checks = lesson.lesson_keys_claims(_lesson(tmp_path)["ZERO_ROWS"], rows)
+    assert checks and all(ok for _, ok in checks), checks
+
+
+def test_editing_the_stage_3_row_in_the_lesson_cell_changes_what_the_matrix_runs(monkeypatch, tmp_path):
+    cell = _lesson_cell()
+    assert cell.count(STAGE_3) == 1, "the test edits notebook 05's stage 3 row as written"
+    edited = cell.replace(STAGE_3, '"stage 3": {"stage": 3, "stage3_max_live_parameters": 12345},')
+    _, before = _ran(monkeypatch, _lesson(tmp_path)["ROW_CONFIGS"])
+    _, after = _ran(monkeypatch, _lesson(tmp_path, edited)["ROW_CONFIGS"])
+    assert before["stage 3"]["zero_optimization"]["stage3_max_live_parameters"] != 12345
+    assert after["stage 3"]["zero_optimization"]["stage3_max_live_parameters"] == 12345
+    assert {k: v for k, v in after.items() if k != "stage 3"} == {
+        k: v for k, v in before.items() if k != "stage 3"}
+
+
+def test_the_key_check_fails_when_the_matrix_ran_the_kits_rows_instead(monkeypatch, tmp_path):
+    edited = _lesson(tmp_path, _lesson_cell().replace(
+        STAGE_3, '"stage 3": {"stage": 3, "stage3_max_live_parameters": 12345},'))
+    rows, _ = _ran(monkeypatch, None)  # the kit's rows, not the lesson's
+    failed = [name for name, ok in lesson.lesson_keys_claims(edited["ZERO_ROWS"], rows) if not ok]
+    assert failed[0] == ("stage 3: the config that ran sets the lesson's keys "
+                         "(not: stage3_max_live_parameters=12345 (ran 100000000))"), failed
+    # and the kit's own NVMe folder is not the one the lesson wrote
+    assert failed[1:] == [f"stage 3 + NVMe offload: the config that ran sets the lesson's keys (not: "
+                          f"offload_optimizer.nvme_path={str(tmp_path / 'offload')!r} (ran "
+                          f"{str(kit_env.default_offload_dir())!r}), offload_param.nvme_path="
+                          f"{str(tmp_path / 'offload')!r} (ran {str(kit_env.default_offload_dir())!r}))"]
+
+
+def test_a_lesson_row_that_is_not_the_kits_row_of_its_name_fails_a_check(monkeypatch, tmp_path):
+    rows = _lesson(tmp_path)["ZERO_ROWS"]
+    rows["stage 2 + CPU offload"] = {"stage": 2, "offload_optimizer": {"device": "nvme"}}
+    ran, _ = _ran(monkeypatch, {label: {"zero_optimization": zero} for label, zero in rows.items()})
+    failed = [name for name, ok in lesson.lesson_keys_claims(rows, ran) if not ok]
+    assert failed == ["each lesson row is the kit's row of its name (stage and offload devices) "
+                      "(not: stage 2 + CPU offload)"], failed
+    fewer = lesson.lesson_keys_claims(rows, ran[:-1])
+    assert not dict(fewer)["the matrix ran the lesson's rows"]
+
+
+def test_the_lesson_cells_rows_are_the_kits_stage_rows(tmp_path):
+    zero_rows = _lesson(tmp_path)["ZERO_ROWS"]
+    assert {label: config.row_choice(zero) for label, zero in zero_rows.items()} == dict(
+        config.STAGE_ROWS)
+
+
+@pytest.mark.parametrize("zero, choice", [
+    ({"stage": 3}, {"stage": 3}),
+    ({"stage": 2, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}},
+     {"stage": 2, "offload_optimizer": "cpu"}),
+    ({"offload_param": {"device": "nvme"}}, {"stage": 0, "offload_param": "nvme"}),
+])
+def test_row_choice_reads_the_stage_and_each_offloads_device(zero, choice):
+    assert config.row_choice(zero) == choice
+
+
+def test_overlaid_keeps_the_learners_values_and_fills_the_rest():
+    base = {"a": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 5}, "b": [1]}
+    over = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "b": [2]}
+    assert config.overlaid(base, over) == {
+        "a": 1, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5,
+                                      "offload_param": {"device": "cpu"}}, "b": [2]}
+    assert base["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5}  # not changed
