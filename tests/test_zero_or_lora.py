@@ -115,6 +115,33 @@ def test_lora_trains_the_largest_model_on_a_t4_and_host_ram_caps_cpu_offload(cpu
     assert memory.verdict(est.total("gpu"), T4.gpu_cap_bytes) != memory.FITS
 
 
+def _configured(cpu, *names):
+    info = memory.ModelInfo.for_shape("gpt2-355m")
+    return [lesson.MethodRun(lesson.method(n), runner.RunResult(n, runner.OK),
+                             lesson.method_config(lesson.method(n), info, cpu, 4, 20, 1e-4))
+            for n in names]
+
+
+def test_the_offload_limit_line_says_free_colabs_ram_binds_and_what_more_ram_trains(cpu, monkeypatch):
+    runs = _configured(cpu, lesson.FULL, lesson.UNPINNED)
+    largest = lesson.largest_models(runs, 4, 512)
+    line = lesson.offload_limit_line(runs, largest, 4, 512)
+    assert f"up to {largest[lesson.UNPINNED] / 1e9:.2f}B on a T4, less than stage 0's " in line
+    assert "free Colab's RAM binds, not the T4" in line
+    more = float(line.rsplit("up to ", 1)[1].removesuffix("B."))
+    assert more > 2 * largest[lesson.UNPINNED] / 1e9  # RAM was the limit: more RAM, a bigger model
+    # where the estimator fills the GPU's share more than the RAM's, the line says the GPU binds
+    full = memory.Estimate(parts={"gpu": {"all": int(0.9 * T4.gpu_cap_bytes)},
+                                  "cpu": {"all": int(0.5 * T4.ram_budget_bytes)}})
+    monkeypatch.setattr(lesson, "_t4_estimate", lambda *args: full)
+    assert "the T4's memory binds, not the RAM" in lesson.offload_limit_line(runs, largest, 4, 512)
+
+
+def test_the_offload_limit_line_says_when_offload_did_not_run(cpu):
+    runs = _configured(cpu, lesson.FULL)
+    assert "no configuration ran here" in lesson.offload_limit_line(runs, {lesson.FULL: 1}, 4, 512)
+
+
 # ---- the checks, fed good and bad runs ----------------------------------------------------------
 
 

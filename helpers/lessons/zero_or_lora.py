@@ -71,7 +71,8 @@ METHODS: list[Method] = [
     Method(FULL, "every weight", {"stage": 0},
            "every weight must train and 16 bytes per parameter fit on the GPU: fastest"),
     Method(UNPINNED, "every weight", {"stage": 2, "offload_optimizer": "cpu"},
-           "every weight must train and the model is too big for stage 0: the optimizer in RAM",
+           "every weight must train, the model is too big for stage 0's GPU memory, and host "
+           "RAM holds the optimizer (the line below the table says how much)",
            variant=offload.PLAIN),
     Method(PINNED, "every weight", {"stage": 2, "offload_optimizer": "cpu"},
            "as above with RAM to spare: page-locked buffers copy faster (6 bytes per parameter "
@@ -334,19 +335,25 @@ def same_training_claim(plain: list[float], zero3: list[float],
 # ---- the largest model each method trains on a T4 -----------------------------------------------
 
 
-def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int) -> int:
+def _t4_estimate(m: Method, ds: dict, n: int, micro_batch: int, seq_len: int) -> memory.Estimate:
+    info = memory.ModelInfo.from_count(n)
+    return memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=True,
+                           trainable=lora_trainable(info) if m.lora else None)
+
+
+def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int,
+                  ram_budget_bytes: int | None = None) -> int:
     """The most parameters (a GPT-2-like shape of that count, helpers.memory.ModelInfo.from_count)
     for which the estimator says ``m``'s config "fits" a free Colab T4: the GPU under the T4's cap
     and host RAM under what a run started from a typical kernel has (12.7 GB less the VM's and the
-    kernel's share). 0: not even 100M parameters."""
+    kernel's share), or under ``ram_budget_bytes`` where given. 0: not even 100M parameters."""
     t4 = kit_env.EMULATIONS["t4"]
+    ram = t4.ram_budget_bytes if ram_budget_bytes is None else ram_budget_bytes
 
     def fits(n: int) -> bool:
-        info = memory.ModelInfo.from_count(n)
-        est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=True,
-                              trainable=lora_trainable(info) if m.lora else None)
+        est = _t4_estimate(m, ds, n, micro_batch, seq_len)
         return (memory.verdict(est.total("gpu"), t4.gpu_cap_bytes) == memory.FITS
-                and memory.verdict(est.total("cpu"), t4.ram_budget_bytes) == memory.FITS)
+                and memory.verdict(est.total("cpu"), ram) == memory.FITS)
 
     low, high = 100_000_000, 20_000_000_000
     if not fits(low):
@@ -357,18 +364,51 @@ def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int) -> int:
     return low
 
 
+def _as_on_t4(ds: dict) -> dict:
+    """A run's config in fp16, as a T4 trains."""
+    ds = copy.deepcopy(ds)
+    ds["fp16"] = {**ds.get("fp16", {}), "enabled": True}
+    ds.pop("bf16", None)
+    return ds
+
+
 def largest_models(runs: list[MethodRun], micro_batch: int, seq_len: int) -> dict[str, int]:
     """{method: the largest parameter count it trains on a T4} (:func:`largest_on_t4`), with the
     config each method ran with here, in fp16 as on a T4."""
-    out = {}
-    for r in runs:
-        if r.ds_config is None:
-            continue
-        ds = copy.deepcopy(r.ds_config)
-        ds["fp16"] = {**ds.get("fp16", {}), "enabled": True}
-        ds.pop("bf16", None)
-        out[r.method.name] = largest_on_t4(r.method, ds, micro_batch, seq_len)
-    return out
+    return {r.method.name: largest_on_t4(r.method, _as_on_t4(r.ds_config), micro_batch, seq_len)
+            for r in runs if r.ds_config is not None}
+
+
+#: More RAM than free Colab's, to show what offload trains where RAM does not bind (a desktop's).
+MORE_RAM_BYTES = 32 * 10**9
+
+
+def offload_limit_line(runs: list[MethodRun], largest: dict[str, int], micro_batch: int,
+                       seq_len: int) -> str:
+    """Why plain CPU offload trains a smaller model than stage 0 on free Colab (or not): at its
+    largest size, the estimator's host RAM against what a run has, and its GPU against the T4's
+    cap, which of the two binds, its bytes of host RAM per parameter, and the largest it trains
+    with :data:`MORE_RAM_BYTES` of RAM budget instead."""
+    run = next((r for r in runs if r.method.name == UNPINNED and r.ds_config is not None), None)
+    most, stage0 = largest.get(UNPINNED, 0), largest.get(FULL, 0)
+    if run is None or not most:
+        return f"{UNPINNED}: no configuration ran here, so no limit to explain."
+    t4 = kit_env.EMULATIONS["t4"]
+    ds = _as_on_t4(run.ds_config)
+    est = _t4_estimate(run.method, ds, most, micro_batch, seq_len)
+    ram, gpu = est.total("cpu"), est.total("gpu")
+    ram_binds = ram / t4.ram_budget_bytes >= gpu / t4.gpu_cap_bytes
+    more = largest_on_t4(run.method, ds, micro_batch, seq_len, MORE_RAM_BYTES)
+    than = (f"less than stage 0's {stage0 / 1e9:.2f}B" if most < stage0
+            else f"against stage 0's {stage0 / 1e9:.2f}B")
+    binds = ("free Colab's RAM binds, not the T4" if ram_binds
+             else "the T4's memory binds, not the RAM")
+    return (f"{UNPINNED} trains up to {most / 1e9:.2f}B on a T4, {than}: at that size the "
+            f"estimator puts {ram / 1e9:.1f} GB in host RAM (of the {t4.ram_budget_bytes / 1e9:.1f}"
+            f" GB a run has; {ram / most:.0f} bytes a parameter: fp32 master weights and Adam's "
+            f"moments, the gradients and the buffers) and {show.gib(gpu)} GiB on the GPU (of "
+            f"{show.gib(t4.gpu_cap_bytes)}): {binds}. With {MORE_RAM_BYTES / 1e9:.0f} GB of RAM "
+            f"for the run it would train up to {more / 1e9:.2f}B.")
 
 
 # ---- checks -----------------------------------------------------------------------------------
