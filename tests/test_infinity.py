@@ -303,3 +303,25 @@ def claims_failed(held):
     from helpers import claims
 
     return claims.failed(held)
+
+
+# ---- Colab life: the resumed step held to the uninterrupted run's -------------------------------
+
+
+LOSSES = [3.4, 3.1, 2.9, 2.7, 2.5, 2.2, 2.1, 2.0]  # steps 1 to 8 of an uninterrupted run
+
+
+@pytest.mark.parametrize("resumed, losses, first_step, held", [
+    (2.5, LOSSES, 0, True),             # the same weights and micro-batches: step 5's loss
+    (2.5 * 1.0005, LOSSES, 0, True),    # kernels' rounding
+    (2.7, LOSSES, 0, False),            # stale weights: the step before the kept one
+    (2.2, LOSSES, 0, False),            # micro-batches past where the kept step stopped
+    (float("nan"), LOSSES, 0, False),
+    (2.5, LOSSES[2:], 2, True),         # a run that itself began at step 3
+    (2.5, LOSSES[6:], 6, False),        # a run that began after step 5: nothing to compare
+])
+def test_the_resume_check_holds_only_the_uninterrupted_runs_loss_at_the_kept_step(
+        resumed, losses, first_step, held):
+    claim, ok = biggest_model.resume_claim(resumed, losses, 4, first_step)
+    assert ok is held, claim
+    assert "step 5" in claim

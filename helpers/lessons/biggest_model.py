@@ -720,6 +720,26 @@ def finetune_checks(run: FinetuneRun, eval_before: float, eval_after: float, log
     return out
 
 
+#: How close a resumed run's first loss must come to the uninterrupted run's at the same step:
+#: the same 16-bit weights and micro-batches give the same forward, up to kernels' rounding.
+RESUME_RTOL = 1e-3
+
+
+def resume_claim(resumed_loss: float, losses: list[float], kept_steps: int,
+                 first_step: int = 0) -> claims.Claim:
+    """A run resumed from the kept folder: its first step's loss equals the uninterrupted run's
+    loss at that step (``losses`` began at ``first_step``) within :data:`RESUME_RTOL`. Stale
+    weights, or micro-batches that do not start where the kept step stopped, fail it."""
+    index = kept_steps - first_step
+    if not 0 <= index < len(losses):
+        return (f"resumed at step {kept_steps + 1}: this run has no loss for that step to compare "
+                f"with (it trained steps {first_step + 1} to {first_step + len(losses)})", False)
+    same = losses[index]
+    return (f"resumed from the kept weights at step {kept_steps + 1}: loss {resumed_loss:.4f}, "
+            f"the uninterrupted run's {same:.4f} (within {RESUME_RTOL:g})",
+            math.isfinite(resumed_loss) and claims.within(resumed_loss, same, RESUME_RTOL))
+
+
 def t4_gpu_claim(label: str, peak_bytes: int | None,
                  environment: kit_env.Environment) -> claims.Claim:
     """A run's peak GPU memory held to a T4's allocator (its 14.75 GiB less the CUDA context): under
