@@ -638,8 +638,10 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
             rows.append(Row(label, choice, None, RunResult(
                 label, NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        ds = kit_config.overlaid(kit_config.for_row(choice, info, environment, micro_batch, world_size),
-                                 written)
+        tuned = kit_config.for_row(choice, info, environment, micro_batch, world_size)
+        if {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(written):
+            tuned.pop("train_batch_size", None)  # DeepSpeed derives it from the written ones
+        ds = kit_config.overlaid(tuned, written)
         spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
                        grad_ckpt=grad_ckpt, label=label, world_size=world_size)
         est = memory.estimate(info, spec.ds_config, world_size=spec.world_size, micro_batch=spec.micro_batch,

@@ -325,3 +325,13 @@ def test_the_resume_check_holds_only_the_uninterrupted_runs_loss_at_the_kept_ste
     claim, ok = biggest_model.resume_claim(resumed, losses, 4, first_step)
     assert ok is held, claim
     assert "step 5" in claim
+
+
+def test_the_gpu_finetune_part_resumes_from_the_kept_weights_and_checks_it():
+    from tools import gpu_finetune
+
+    sources = [c.source for c in gpu_finetune.finetune_part().cells]
+    assert not any(s.startswith(gpu_finetune.LADDER_HEADING) for s in sources)
+    assert [s for s in sources if s.startswith("## ")][-1].startswith(gpu_finetune.COLAB_LIFE_HEADING)
+    assert any("resumed_loss = train_step(" in s for s in sources)
+    assert "lesson.resume_claim(" in sources[-1] and "finetune_claims" in sources[-1]

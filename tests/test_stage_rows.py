@@ -114,3 +114,20 @@ def test_overlaid_keeps_the_learners_values_and_fills_the_rest():
         "a": 1, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5,
                                       "offload_param": {"device": "cpu"}}, "b": [2]}
     assert base["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5}  # not changed
+
+
+def test_a_row_that_writes_its_own_accumulation_runs_without_the_kits_batch_size(monkeypatch, tmp_path):
+    configs = _lesson(tmp_path)["ROW_CONFIGS"]
+    configs["stage 2"]["gradient_accumulation_steps"] = 4
+    _, ran = _ran(monkeypatch, configs)
+    assert "train_batch_size" not in ran["stage 2"]  # DeepSpeed derives it: 2 x 4 x 1
+    assert ran["stage 2"]["gradient_accumulation_steps"] == 4
+    _, kits = _ran(monkeypatch, None)
+    assert kits["stage 2"]["train_batch_size"] == 2  # the kit's rows keep theirs
+
+
+def test_precision_blocks_that_are_off_are_no_difference():
+    off = {"fp16": {"enabled": False, "initial_scale_power": 12}, "bf16": {"enabled": False}, "a": 1}
+    assert lesson.config_differences(off, {"a": 1}) == []
+    assert lesson.config_differences({"fp16": {"enabled": True}, "a": 1}, {"a": 1}) == [
+        ("fp16.enabled", True, None)]

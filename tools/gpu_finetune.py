@@ -4,7 +4,8 @@
     KIT_EMULATE=t4 python tools/gpu_finetune.py [--out build/finetune] [--set NAME=VALUE ...]
 
 Writes the executed part as ``OUT/06_finetune.ipynb`` and prints each code cell's output; exits 1 if
-a cell failed. The part ends at the markdown cell that opens the ladder ("How far it climbs").
+a cell failed. The part ends at the markdown cell that opens the ladder ("How far it climbs"), and
+takes the "Colab life" section (the resume from the kept weights) from the notebook's end.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from tools import run_tutorial  # noqa: E402
 
 NOTEBOOK = ROOT / "notebooks" / "06_biggest_model_on_a_t4.ipynb"
 LADDER_HEADING = "## How far it climbs"
+COLAB_LIFE_HEADING = "## Colab life"
 
 
 def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
-    """The notebook's cells before the ladder's heading, as a notebook of its own; ``overrides``
+    """The notebook's cells before the ladder's heading and its "Colab life" section, as a notebook
+    of its own; ``overrides``
     ("NAME=VALUE", VALUE a Python literal) are assigned in a cell after the parameters cell, as
     papermill injects parameters."""
     import ast
@@ -31,7 +34,10 @@ def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
 
     nb = nbformat.read(path, as_version=4)
     end = next(i for i, c in enumerate(nb.cells) if c.source.startswith(LADDER_HEADING))
-    cells = nb.cells[:end]
+    life = next(i for i, c in enumerate(nb.cells) if c.source.startswith(COLAB_LIFE_HEADING))
+    life_end = next(i for i in range(life + 1, len(nb.cells))
+                    if nb.cells[i].cell_type == "markdown" and nb.cells[i].source.startswith("## "))
+    cells = nb.cells[:end] + nb.cells[life:life_end]
     if overrides:
         lines = []
         for item in overrides:
@@ -41,8 +47,10 @@ def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
         cells.insert(at + 1, nbformat.v4.new_code_cell("# injected by tools/gpu_finetune.py\n"
                                                        + "\n".join(lines)))
     # the part's own checks, asserted as the notebook's Checks cell would
-    cells.append(nbformat.v4.new_code_cell("from helpers import claims as kit_claims\n"
-                                           "kit_claims.assert_all(finetune_claims)"))
+    cells.append(nbformat.v4.new_code_cell(
+        "from helpers import claims as kit_claims\n"
+        "kit_claims.assert_all(finetune_claims\n"
+        "                      + [lesson.resume_claim(resumed_loss, losses, kept_steps, first_step)])"))
     nb.cells = cells
     return nb
 

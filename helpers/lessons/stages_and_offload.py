@@ -466,8 +466,8 @@ def offload_takeaways(variants: list[Variant], environment: kit_env.Environment)
 
 # ---- each row as what it changes from stage 0 -----------------------------------------------------
 #: Notebook 05's lesson cell writes, for every row of the matrix, the keys it sets under
-#: ``zero_optimization`` on top of a stage-0 config. The matrix runs config.for_row's configs, which
-#: carry those keys and the kit's tuning beside them (buckets, sub-groups, NVMe buffers); the
+#: ``zero_optimization`` on top of a stage-0 config. The matrix runs those configs with the kit's
+#: tuning (config.for_row: buckets, sub-groups, NVMe buffers) filling the keys they leave unset; the
 #: functions below show the difference from stage 0 of what ran, and check that the lesson's keys
 #: are in it with the lesson's values.
 
@@ -484,10 +484,16 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def _without_disabled_precision(config: dict) -> dict:
+    """The config less an fp16 or bf16 block that is not enabled (the same as none)."""
+    return {k: v for k, v in config.items()
+            if not (k in ("fp16", "bf16") and isinstance(v, dict) and not v.get("enabled"))}
+
+
 def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
     """(dotted key, value in ``a``, value in ``b``) wherever two configs differ; a key one of them
-    lacks shows as None there."""
-    flat_a, flat_b = flatten(a), flatten(b)
+    lacks shows as None there. An fp16 or bf16 block that is off counts as absent."""
+    flat_a, flat_b = flatten(_without_disabled_precision(a)), flatten(_without_disabled_precision(b))
     keys = sorted(set(flat_a) | set(flat_b))
     return [(k, flat_a.get(k), flat_b.get(k)) for k in keys if flat_a.get(k) != flat_b.get(k)]
 

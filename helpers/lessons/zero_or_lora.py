@@ -387,7 +387,8 @@ def offload_limit_line(runs: list[MethodRun], largest: dict[str, int], micro_bat
                        seq_len: int) -> str:
     """Why plain CPU offload trains a smaller model than stage 0 on free Colab (or not): at its
     largest size, the estimator's host RAM against what a run has, and its GPU against the T4's
-    cap, which of the two binds, its bytes of host RAM per parameter, and the largest it trains
+    cap, which of the two binds, its bytes of optimizer states and gradients per parameter in
+    host RAM (the rest of the RAM: the process and the model's build), and the largest it trains
     with :data:`MORE_RAM_BYTES` of RAM budget instead."""
     run = next((r for r in runs if r.method.name == UNPINNED and r.ds_config is not None), None)
     most, stage0 = largest.get(UNPINNED, 0), largest.get(FULL, 0)
@@ -397,6 +398,8 @@ def offload_limit_line(runs: list[MethodRun], largest: dict[str, int], micro_bat
     ds = _as_on_t4(run.ds_config)
     est = _t4_estimate(run.method, ds, most, micro_batch, seq_len)
     ram, gpu = est.total("cpu"), est.total("gpu")
+    cpu = est.parts.get("cpu", {})
+    states = cpu.get("optimizer", 0) + cpu.get("grads", 0)  # the rest: the process, the build
     ram_binds = ram / t4.ram_budget_bytes >= gpu / t4.gpu_cap_bytes
     more = largest_on_t4(run.method, ds, micro_batch, seq_len, MORE_RAM_BYTES)
     than = (f"less than stage 0's {stage0 / 1e9:.2f}B" if most < stage0
@@ -405,8 +408,9 @@ def offload_limit_line(runs: list[MethodRun], largest: dict[str, int], micro_bat
              else "the T4's memory binds, not the RAM")
     return (f"{UNPINNED} trains up to {most / 1e9:.2f}B on a T4, {than}: at that size the "
             f"estimator puts {ram / 1e9:.1f} GB in host RAM (of the {t4.ram_budget_bytes / 1e9:.1f}"
-            f" GB a run has; {ram / most:.0f} bytes a parameter: fp32 master weights and Adam's "
-            f"moments, the gradients and the buffers) and {show.gib(gpu)} GiB on the GPU (of "
+            f" GB a run has: {states / most:.0f} bytes a parameter for fp32 master weights, "
+            f"Adam's moments and the gradients, {(ram - states) / 1e9:.1f} GB for the process "
+            f"and the model's build) and {show.gib(gpu)} GiB on the GPU (of "
             f"{show.gib(t4.gpu_cap_bytes)}): {binds}. With {MORE_RAM_BYTES / 1e9:.0f} GB of RAM "
             f"for the run it would train up to {more / 1e9:.2f}B.")
 
