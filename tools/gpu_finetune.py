@@ -25,9 +25,8 @@ COLAB_LIFE_HEADING = "## Colab life"
 
 def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
     """The notebook's cells before the ladder's heading and its "Colab life" section, as a notebook
-    of its own; ``overrides``
-    ("NAME=VALUE", VALUE a Python literal) are assigned in a cell after the parameters cell, as
-    papermill injects parameters."""
+    of its own; ``overrides`` ("NAME=VALUE", VALUE a Python literal) are assigned in a cell after
+    the parameters cell, as papermill injects parameters."""
     import ast
 
     import nbformat
