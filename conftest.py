@@ -6,7 +6,6 @@ so everything here is an environment variable set before collection.
 
 import fcntl
 import os
-import tempfile
 
 # Quiet, offline, reproducible kernels: no progress bars, no Hub, no debugger warnings.
 for key, value in {
@@ -28,6 +27,8 @@ helpers.share_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 import pytest
+
+from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too
 
 # Under CI a skipped test fails the run (tools/ci_rules.py).
 pytest_plugins = ["tools.ci_rules"]
@@ -60,11 +61,6 @@ def _restore_environment():
     os.environ.update(saved)
 
 
-#: Notebooks that fine-tune the real 135M model with several processes at once (two launched ranks
-#: beside the kernel: about 18 GB of RAM at their peak on a CPU), and their lesson scripts: they take
-#: turns under one lock file, so that two never add up on a machine of 24 GB.
-REAL_MODEL_NOTEBOOKS = ("04_zero2_training", "07_engine_and_accelerate", "09_zero_or_lora")
-REAL_MODEL_LOCK = os.path.join(tempfile.gettempdir(), "zero-kit-real-model.lock")
 _held = None  # the lock file while this worker runs a real-model notebook or script
 
 

@@ -52,3 +52,20 @@ def test_two_notebooks_run_side_by_side_and_the_slowest_of_the_last_run_goes_fir
     assert order({"a_quick": 9.0, "b_slow": 5.0}) == ["a_quick", "b_slow"]
     assert order({"a_quick": 1.0, "b_slow": 5.0}) == ["b_slow", "a_quick"]
     assert [p.stem for p in run_tutorial.slowest_first(paths, {"a_quick": 1.0})] == ["b_slow", "a_quick"]
+
+
+def test_real_model_notebooks_take_turns_and_others_do_not_wait():
+    import fcntl
+
+    import pytest
+
+    from tools import run_tutorial
+
+    with open(run_tutorial.REAL_MODEL_LOCK, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with run_tutorial.real_model_turn("05_stages_and_offload"):  # not a real-model one: no wait
+            pass
+    with run_tutorial.real_model_turn("04_zero2_training"):  # holds the lock while it runs
+        with open(run_tutorial.REAL_MODEL_LOCK, "w") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -15,9 +15,12 @@ notebook's measurements have the GPU to themselves.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -83,6 +86,25 @@ def left_out() -> list[str]:
             f"their NVMe rows as not run. To run them: sudo {env.LIBAIO_APT}"]
 
 
+#: Notebooks that fine-tune the real 135M model with several processes at once (two launched ranks
+#: beside the kernel: about 18 GB of RAM at their peak on a CPU), and their lesson scripts: they take
+#: turns under one lock file, here and in the tests (conftest.py), so that two never add up on a
+#: machine of 24 GB (side by side, 04's and 07's launches had the kernel killed for memory).
+REAL_MODEL_NOTEBOOKS = ("04_zero2_training", "07_engine_and_accelerate", "09_zero_or_lora")
+REAL_MODEL_LOCK = os.path.join(tempfile.gettempdir(), "zero-kit-real-model.lock")
+
+
+@contextlib.contextmanager
+def real_model_turn(stem: str):
+    """Hold :data:`REAL_MODEL_LOCK` while notebook ``stem`` runs, if it is a real-model one."""
+    if stem not in REAL_MODEL_NOTEBOOKS:
+        yield
+        return
+    with open(REAL_MODEL_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another runs one
+        yield
+
+
 def default_jobs() -> int:
     """Notebooks side by side: one with a GPU (its measurements need the GPU to themselves),
     else one per core, at most two (each notebook's own runs use two processes at times)."""
@@ -118,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     def run(path: Path) -> tuple[Path, bool, float, str]:
-        return (path, *run_one(path, out, args.timeout, args.check))
+        with real_model_turn(path.stem):
+            return (path, *run_one(path, out, args.timeout, args.check))
 
     failed = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
