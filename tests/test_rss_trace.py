@@ -1,31 +1,60 @@
 """helpers.runner's PhaseTrace: a transient lands in the phase that made it, and only there."""
 
-import time
-
 from helpers import runner
 
+
+# A fresh process (no earlier test's threads or heap): its kernel high-water mark is first raised
+# past the spike, so only the sampling thread can see the spike. Prints the phases' rises in MB and
+# how many samples the thread took while the block was held.
+SAMPLED = r"""
+import json, time
+from helpers import runner
 MB = 2**20
+high = bytearray(b"\x01") * (400 * MB)  # the kernel's high-water mark now sits above the spike
+del high
+trace = runner.PhaseTrace(interval_s=0.005)
+trace.enter("before")
+time.sleep(0.05)
+trace.enter("spike")
+block = bytearray(b"\x01") * (200 * MB)  # written, so resident
+# held until the thread has sampled a few times (on a loaded machine 50 ms may hold none)
+taken, deadline = trace.samples, time.monotonic() + 120
+while trace.samples < taken + 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+held = trace.samples - taken
+del block
+trace.enter("after")
+time.sleep(0.05)
+phases = trace.stop()
+print("RESULT", json.dumps({"held_samples": held, "order": [p["name"] for p in phases],
+      "rise": {p["name"]: (p["peak_bytes"] - p["start_bytes"]) // MB for p in phases},
+      "peak": {p["name"]: p["peak_bytes"] // MB for p in phases}}))
+"""
+
+
+def _run_fresh(script: str) -> dict:
+    """Runs ``script`` in a fresh Python at the repository root; the JSON after its RESULT line."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import env
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=str(env.REPO_ROOT))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(line[len("RESULT "):])
 
 
 def test_a_transient_shows_in_its_phase_and_not_in_the_others():
-    trace = runner.PhaseTrace(interval_s=0.005)
-    trace.enter("before")
-    time.sleep(0.05)
-    trace.enter("spike")
-    block = b"\x01" * (200 * MB)  # written, so resident
-    # held until the thread has sampled a few times (on a loaded machine 50 ms may hold none)
-    taken, deadline = trace.samples, time.monotonic() + 30
-    while trace.samples < taken + 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    del block
-    trace.enter("after")
-    time.sleep(0.05)
-    phases = {p["name"]: p for p in trace.stop()}
-    assert list(phases) == ["before", "spike", "after"]
-    rise = lambda name: phases[name]["peak_bytes"] - phases[name]["start_bytes"]
-    assert rise("spike") > 180 * MB
-    assert rise("before") < 50 * MB and rise("after") < 50 * MB
-    assert phases["after"]["peak_bytes"] < phases["spike"]["peak_bytes"] - 150 * MB
+    got = _run_fresh(SAMPLED)
+    assert got["held_samples"] >= 3, f"the sampling thread never ran while the block was held: {got}"
+    assert got["order"] == ["before", "spike", "after"], got
+    rise = got["rise"]
+    assert rise["spike"] > 180, got
+    assert rise["before"] < 50 and rise["after"] < 50, got
+    assert got["peak"]["after"] < got["peak"]["spike"] - 150, got
 
 
 def test_a_phase_entered_again_keeps_one_peak_and_counts_its_entries():
@@ -55,16 +84,6 @@ print("RESULT", json.dumps({p["name"]: (p["peak_bytes"] - p["start_bytes"]) // 2
 
 
 def test_a_spike_the_sampler_missed_is_caught_by_the_kernels_high_water_mark():
-    import json
-    import subprocess
-    import sys
-
-    from helpers import env
-
-    done = subprocess.run([sys.executable, "-c", UNSAMPLED], capture_output=True, text=True, timeout=120,
-                          cwd=str(env.REPO_ROOT))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line, done.stdout[-2000:] + done.stderr[-2000:]
-    rise = json.loads(line[len("RESULT "):])
+    rise = _run_fresh(UNSAMPLED)
     assert rise["spike"] >= 280, rise
     assert rise["calm"] < 50 and rise["after"] < 50, rise
