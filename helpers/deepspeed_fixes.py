@@ -1,13 +1,18 @@
 """Workarounds for DeepSpeed bugs the kit runs into: each one small, applied by an explicit call,
 safe to call twice, and explained in docs/deepspeed_gaps.md.
 
-Call :func:`apply_all` once per process before ``deepspeed.initialize`` (helpers.runner and
-helpers.lessons.zero2_training do). In your own project you need them only where the bug bites
-(see each function).
+The kit's own runs call :func:`apply_all` once per process before ``deepspeed.initialize``
+(helpers.runner does). A lesson calls, in its own visible code, each fix its results depend on
+(:func:`needed_by` says which a config needs; :func:`lesson_claim` checks that the lesson did);
+the notebooks' kit cells install only what changes no result (:func:`apply_kit_only`). In your own
+project: ``pip install "zero-kit @ git+https://github.com/zero-kit/zero-kit"`` (or copy this one
+file: it imports nothing else of the kit), then ``from helpers import deepspeed_fixes`` and call
+the fixes your run needs, before the engine starts.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -21,10 +26,27 @@ def _install(owner, name: str, fixed) -> bool:
     fixed.__wrapped__ = getattr(owner, name)
     setattr(owner, name, fixed)
     return True
+
+
+#: The fixes called in this process so far (installed by the call, or found in place).
+_IN_PLACE: set[str] = set()
+
+
+def _recorded(fix):
+    """A fix that notes, whenever it is called, that it is in place in this process."""
+    @functools.wraps(fix)
+    def call(*args, **kwargs):
+        installed = fix(*args, **kwargs)
+        _IN_PLACE.add(fix.__name__)
+        return installed
+    return call
+
+
 #: Elements checked at a time by :func:`inf_or_nan_in_slices` (16 Mi: 32 MiB of fp16 per check).
 OVERFLOW_SLICE_NUMEL = 1 << 24
 
 
+@_recorded
 def fix_zero_init_dtype() -> bool:
     """Make ``deepspeed.zero.Init`` keep the dtype it is given (DeepSpeed 0.19.8 and earlier).
 
@@ -75,6 +97,7 @@ def inf_or_nan_in_slices(flat, slice_numel: int | None = None) -> bool:
     return False
 
 
+@_recorded
 def fix_stage3_overflow_check() -> bool:
     """Check ZeRO-3's offloaded gradients for inf/NaN in slices (DeepSpeed 0.19.8 and earlier).
 
@@ -116,6 +139,7 @@ def fix_stage3_overflow_check() -> bool:
 SCHEDULED_KEYS = ("lr", "betas", "eps", "weight_decay")
 
 
+@_recorded
 def fix_partial_offload_schedule() -> bool:
     """Make ZeRO-3's partial optimizer offload follow the learning-rate schedule on its GPU part
     (``offload_optimizer.ratio`` < 1; DeepSpeed 0.19.8 and earlier).
@@ -149,6 +173,7 @@ def fix_partial_offload_schedule() -> bool:
     return _install(Stage3, "_optimizer_step", _optimizer_step)
 
 
+@_recorded
 def fix_library_probe_in_kernels() -> bool:
     """Make DeepSpeed's library probe work inside a Jupyter kernel (DeepSpeed 0.19.8 and earlier).
 
@@ -194,6 +219,7 @@ def _cpu_key() -> str:
     return hashlib.sha256("\n".join([platform.machine(), *kept]).encode()).hexdigest()[:16]
 
 
+@_recorded
 def fix_cpu_info_once(folder: str | os.PathLike | None = None) -> bool:
     """Ask py-cpuinfo once per machine, not twice per op load (DeepSpeed 0.19).
 
@@ -240,6 +266,7 @@ def fix_cpu_info_once(folder: str | os.PathLike | None = None) -> bool:
     return _install(cpuinfo, "get_cpu_info", get_cpu_info)
 
 
+@_recorded
 def fix_engine_destroy_frees_memory() -> bool:
     """Make ``engine.destroy()`` free a ZeRO-3 engine's host memory (DeepSpeed 0.19.8 and earlier).
 
@@ -294,6 +321,7 @@ def fix_engine_destroy_frees_memory() -> bool:
     return _install(DeepSpeedEngine, "destroy", destroy)
 
 
+@_recorded
 def fix_zenflow_weights() -> bool:
     """Keep the model's weights as they are when ZenFlow flattens them (ZeRO-1/2 with
     ``zero_optimization.zenflow``; DeepSpeed 0.19.8 and earlier).
@@ -334,6 +362,7 @@ def fix_zenflow_weights() -> bool:
     return _install(Zero12, "_update_model_bit16_weights", _update_model_bit16_weights)
 
 
+@_recorded
 def fix_stage0_fp16_loss_scale() -> bool:
     """Scale the loss before backward for fp16 without ZeRO (stage 0; DeepSpeed 0.19.8).
 
@@ -369,6 +398,7 @@ def fix_stage0_fp16_loss_scale() -> bool:
     return _install(DeepSpeedEngine, "backward", backward)
 
 
+@_recorded
 def fix_stage0_fp16_adam_step_count() -> bool:
     """Start stage 0's fp16 optimizer at step 0 (DeepSpeed 0.19.8).
 
@@ -415,6 +445,7 @@ COLLECTIVE_DEPRECATIONS = (r"`torch\.distributed\.all_gather_into_tensor` is dep
                            r"`torch\.distributed\.reduce_scatter_tensor` is deprecated")
 
 
+@_recorded
 def quiet_collective_deprecations() -> bool:
     """Silence exactly torch's FutureWarnings about ``all_gather_into_tensor`` and
     ``reduce_scatter_tensor``, which DeepSpeed 0.19.8 calls in every ZeRO step (16 warnings in
@@ -446,3 +477,72 @@ FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
 def apply_all() -> list[str]:
     """Install every workaround; returns the names of those this call installed."""
     return [name for name, fix in FIXES if fix()]
+
+
+#: The fixes that change no result (time and noise only): what a notebook's kit cell installs.
+KIT_ONLY = ("fix_cpu_info_once", "quiet_collective_deprecations")
+
+
+def apply_kit_only() -> list[str]:
+    """Install the fixes of :data:`KIT_ONLY`; returns the names of those this call installed."""
+    return [fix.__name__ for _, fix in FIXES if fix.__name__ in KIT_ONLY and fix()]
+
+
+def in_place() -> list[str]:
+    """The names of the fixes called in this process so far, in :data:`FIXES` order."""
+    return [fix.__name__ for _, fix in FIXES if fix.__name__ in _IN_PLACE]
+
+
+def _offload_devices(zero: dict) -> set[str]:
+    return {str((zero.get(key) or {}).get("device", "none")).lower()
+            for key in ("offload_optimizer", "offload_param")} - {"none"}
+
+
+def needed_by(config: dict, *, in_kernel: bool, on_cpu: bool, destroys: bool) -> dict[str, str]:
+    """The fixes a run of DeepSpeed ``config`` needs for its results, each with what goes wrong
+    without it. ``in_kernel``: the engine starts in a notebook's kernel; ``on_cpu``: no GPU (the
+    accelerator lacks fp16); ``destroys``: the process goes on after ``engine.destroy()``.
+    An ``"auto"`` fp16 switch (the Trainer's) counts as on."""
+    zero = config.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0) or 0)
+    devices = _offload_devices(zero)
+    fp16 = (config.get("fp16") or {}).get("enabled", False) in (True, "auto")
+    ratio = float((zero.get("offload_optimizer") or {}).get("ratio", 1.0) or 1.0)
+    needs = {}
+    if stage == 3 and devices:
+        needs["fix_stage3_overflow_check"] = ("ZeRO-3's overflow check over the offloaded gradients "
+                                              "takes about 3 bytes per parameter of host RAM")
+    if stage == 3 and destroys:
+        needs["fix_engine_destroy_frees_memory"] = ("engine.destroy() leaves a ZeRO-3 engine's model, "
+                                                    "optimizer and buffers in host RAM")
+    if "nvme" in devices and in_kernel:
+        needs["fix_library_probe_in_kernels"] = ("in a notebook kernel the libaio probe can answer no, "
+                                                 "and NVMe offload fails to load its op")
+    if stage == 3 and "nvme" in devices and on_cpu:
+        needs["fix_zero_init_dtype"] = ("on a CPU without fp16, zero.Init makes fp32 weights bf16 and "
+                                        "NVMe offload fails on a dtype mismatch")
+    if stage == 3 and ratio < 1:
+        needs["fix_partial_offload_schedule"] = ("the GPU's share of the optimizer never follows the "
+                                                 "learning-rate schedule")
+    if stage in (1, 2) and zero.get("zenflow"):
+        needs["fix_zenflow_weights"] = "ZenFlow transposes every 2-D weight at deepspeed.initialize"
+    if stage == 0 and fp16:
+        needs["fix_stage0_fp16_loss_scale"] = "stage 0 in fp16 never scales its loss"
+        needs["fix_stage0_fp16_adam_step_count"] = "stage 0 in fp16 starts Adam's step count at 1"
+    return needs
+
+
+def lesson_claim(configs: list[dict], *, in_kernel: bool, on_cpu: bool,
+                 destroys: bool) -> tuple[str, bool]:
+    """(claim, held): every fix the lesson's ``configs`` need (:func:`needed_by`) is in place, as
+    the lesson's own code installed it (a kit cell installs none of these)."""
+    needs: dict[str, str] = {}
+    for config in configs:
+        needs.update(needed_by(config, in_kernel=in_kernel, on_cpu=on_cpu, destroys=destroys))
+    missing = [name for name in needs if name not in _IN_PLACE]
+    if not needs:
+        return "the lesson's DeepSpeed configs need none of the kit's DeepSpeed fixes here", True
+    claim = f"the lesson's code installs the DeepSpeed fixes its configs need: {', '.join(needs)}"
+    if missing:
+        claim += "; missing: " + "; ".join(f"{name} ({needs[name]})" for name in missing)
+    return claim, not missing

@@ -549,3 +549,87 @@ def test_resuming_zero3_restores_the_weights_except_with_the_optimizer_on_nvme(d
     if device == "nvme":  # the swap files were in the checkpoint: it is the load that drops them
         assert {"0_5.tensor.swp", "exp_avg-0_5.tensor.swp", "exp_avg_sq-0_5.tensor.swp"} <= set(
             got["swapped"]), got["swapped"]
+
+
+# --- Which fixes a lesson needs, and whether its own code installed them ---------------------------
+
+ZERO3_NVME = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"},
+                                    "offload_param": {"device": "none"}},
+              "fp16": {"enabled": True}}
+
+
+@pytest.mark.parametrize("config, where, needed", [
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": "auto"}}, {}, set()),
+    (ZERO3_NVME, {"destroys": True}, {"fix_stage3_overflow_check", "fix_engine_destroy_frees_memory",
+                                      "fix_library_probe_in_kernels"}),
+    (ZERO3_NVME, {"in_kernel": False, "on_cpu": True}, {"fix_stage3_overflow_check",
+                                                         "fix_zero_init_dtype"}),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}}, {},
+     {"fix_stage3_overflow_check", "fix_partial_offload_schedule"}),
+    ({"zero_optimization": {"stage": 3}}, {}, set()),
+    ({"zero_optimization": {"stage": 3}}, {"destroys": True}, {"fix_engine_destroy_frees_memory"}),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.05}}},
+     {}, {"fix_zenflow_weights"}),
+    ({"fp16": {"enabled": True}}, {}, {"fix_stage0_fp16_loss_scale", "fix_stage0_fp16_adam_step_count"}),
+    ({"zero_optimization": {"stage": 0}, "fp16": {"enabled": False}}, {}, set()),
+])
+def test_needed_by_reads_the_fixes_a_config_depends_on(config, where, needed):
+    from helpers import deepspeed_fixes
+
+    kwargs = {"in_kernel": True, "on_cpu": False, "destroys": False, **where}
+    got = deepspeed_fixes.needed_by(config, **kwargs)
+    assert set(got) == needed
+    assert all(reason for reason in got.values())
+    assert set(got) <= {fix.__name__ for _, fix in deepspeed_fixes.FIXES}
+
+
+# A fresh process: a lesson's claim before and after its own code installs what the config needs.
+LESSON_CLAIM = r"""
+import json
+from helpers import deepspeed_fixes
+config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+where = dict(in_kernel=True, on_cpu=False, destroys=True)
+kit = deepspeed_fixes.apply_kit_only()
+before = deepspeed_fixes.lesson_claim([config], **where)
+deepspeed_fixes.fix_stage3_overflow_check()
+half = deepspeed_fixes.lesson_claim([config], **where)
+deepspeed_fixes.fix_engine_destroy_frees_memory()
+after = deepspeed_fixes.lesson_claim([config], **where)
+none = deepspeed_fixes.lesson_claim([{"zero_optimization": {"stage": 2}}], **where)
+print("RESULT", json.dumps({"kit": kit, "in_place": deepspeed_fixes.in_place(), "before": before,
+                            "half": half, "after": after, "none": none}))
+"""
+
+
+def test_a_lesson_claim_fails_until_the_lessons_own_code_installs_each_fix():
+    got = run_probe(LESSON_CLAIM)
+    assert got["kit"] == list(__import__("helpers.deepspeed_fixes").deepspeed_fixes.KIT_ONLY)
+    assert got["before"][1] is False and "missing: fix_stage3_overflow_check" in got["before"][0]
+    assert got["half"][1] is False and "missing: fix_engine_destroy_frees_memory" in got["half"][0]
+    assert "fix_stage3_overflow_check (" not in got["half"][0]
+    assert got["after"][1] is True and "missing" not in got["after"][0]
+    assert got["none"] == ["the lesson's DeepSpeed configs need none of the kit's DeepSpeed fixes here",
+                           True]
+    assert got["in_place"] == ["fix_stage3_overflow_check", "fix_cpu_info_once",
+                               "fix_engine_destroy_frees_memory", "quiet_collective_deprecations"]
+
+
+def test_kit_cells_install_no_fix_that_changes_a_result():
+    """A notebook's cells outside the lesson install only the fixes of KIT_ONLY: a fix a lesson's
+    result depends on is a line of the lesson (else its lesson_claim would hold by construction)."""
+    import re
+
+    from helpers import deepspeed_fixes
+    from tools import nbtool
+
+    allowed = {"apply_kit_only", *deepspeed_fixes.KIT_ONLY}
+    called = re.compile(r"deepspeed_fixes\.(\w+)\(")
+    found = {}
+    for path in nbtool.notebook_paths():
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code" or "lesson" in cell["metadata"].get("tags", []):
+                continue
+            calls = set(called.findall(nbtool.source(cell))) - allowed - {"lesson_claim"}
+            if calls:
+                found[path.stem] = sorted(calls)
+    assert not found, f"kit cells that install fixes a lesson should show: {found}"
