@@ -25,10 +25,18 @@ from pathlib import Path
 from helpers import claims
 from helpers.show import Table
 
+#: The folder that holds ``helpers/``. A script a lesson exports may import
+#: ``helpers.deepspeed_fixes`` (notebook 07's ZeRO-3 cell does) and runs in its own folder,
+#: where a kit that is not pip-installed (a clone, as in the kit's tests) is not on the path.
+KIT_ROOT = Path(__file__).resolve().parents[1]
+
 #: Prefix of a launch from inside the notebook: the notebook's own one-process group variables
-#: (set by the lesson) must not reach the launcher, which sets its own; ranks share the cores.
+#: (set by the lesson) must not reach the launcher, which sets its own; ranks share the cores;
+#: the ranks import the same ``helpers`` as this kernel.
 NOTEBOOK_LAUNCH_ENV = ("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u LOCAL_RANK -u WORLD_SIZE "
-                       "TQDM_DISABLE=1 OMP_NUM_THREADS=1")
+                       "TQDM_DISABLE=1 OMP_NUM_THREADS=1 PYTHONPATH="
+                       + shlex.quote(os.pathsep.join(
+                           [str(KIT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
 
 
 def tagged_cells(notebook: Path, tag: str) -> list[str]:
