@@ -49,7 +49,10 @@ def finetune_part(path: Path = NOTEBOOK, overrides: list[str] | None = None):
     cells.append(nbformat.v4.new_code_cell(
         "from helpers import claims as kit_claims\n"
         "kit_claims.assert_all(finetune_claims\n"
-        "                      + [lesson.resume_claim(resumed_loss, losses, kept_steps, first_step)])"))
+        "                      + [lesson.resume_claim(resumed_loss, losses, kept_steps, first_step),\n"
+        "                         deepspeed_fixes.lesson_claim([ds_config], in_kernel=True,\n"
+        "                                                      on_cpu=not torch.cuda.is_available(),\n"
+        "                                                      destroys=True)])"))
     nb.cells = cells
     return nb
 
