@@ -3,9 +3,10 @@ without the kit: the code a learner copies into their own project really is all 
 
 For every notebook with at least one ``lesson`` cell, the test writes a .py file of
 
-1. a guard that makes ``import helpers`` fail (``sys.modules["helpers"] = None``): the kit is
-   installed in editable mode in .venv, so leaving the repository off PYTHONPATH alone would prove
-   nothing;
+1. a guard that leaves of the kit only its one-file DeepSpeed fixes importable
+   (``from helpers import deepspeed_fixes``, as a learner gets them by installing the kit or
+   copying the file; any other ``helpers`` module fails to import): the kit is installed in
+   editable mode in .venv, so leaving the repository off PYTHONPATH alone would prove nothing;
 2. the ``parameters`` cell;
 3. a cell of assignments, as papermill injects parameters after that cell: ``MODEL_NAME`` and
    ``TEXT_FILE`` point at a model folder and a text file written into a temporary folder by
@@ -20,14 +21,10 @@ and ``TORCH_EXTENSIONS_DIR`` kept from the environment (DeepSpeed's CPU ops are 
 cached there). It must exit 0 and print at least one line ``<label> losses: [l1, l2, ...]``, and
 every such line must show a finite, falling loss (``helpers.claims.loss_falls``).
 
-ZeRO-3 on a CPU: DeepSpeed 0.19.8's ``zero.Init`` dtype bug (``helpers.deepspeed_fixes``) bites
-only where ZeRO-3 allocates buffers in that dtype (NVMe offload, tensors created inside
-``zero.Init``). Measured on this CPU (no mkldnn fp16): the plain ZeRO-3 run of notebook 07's lesson
-(``deepspeed.initialize`` on a model loaded with ``from_pretrained``) trains without the workaround,
-with the same losses as stage 2, and so do Accelerate and the Trainer at stage 3. So the script
-runs with no workaround anywhere: once with the notebook's own ``STAGE`` (2; its ZeRO-3 section
-included) and, where the parameters cell defines ``STAGE``, once more with ``STAGE = 3`` injected.
-The notebook installs the workaround in a non-lesson cell, as the kit does before every engine.
+DeepSpeed's bugs: a lesson whose results depend on one of the kit's fixes installs it in its own
+code (notebook 06's fixes cell, notebook 07's ZeRO-3 section), so the script runs with exactly the
+fixes the notebook shows, and no other (the notebooks' kit cells install only fixes that change no
+result, and their checks fail when a lesson's config needs a fix its code did not install).
 """
 
 from __future__ import annotations
@@ -58,6 +55,27 @@ LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_off
 CONFIG_LESSONS = ("03_config_builder", "05_stages_and_offload")
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
 ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate", "peft"}
+#: The one kit module a lesson may import (``from helpers import deepspeed_fixes``): it imports
+#: nothing else of the kit, and the lesson says how to get it.
+KIT_ALLOWED = {"deepspeed_fixes"}
+#: The script's first lines: the kit as a package that holds only its DeepSpeed fixes.
+GUARD = """import importlib.abc, importlib.util, sys, types
+# Of the kit only helpers/deepspeed_fixes.py is importable: lessons must need nothing else of it
+
+
+class _OnlyTheFixes(importlib.abc.MetaPathFinder):  # before the editable install's finder
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "helpers":
+            raise ModuleNotFoundError(f"{{name}}: a lesson needs nothing of the kit but its fixes")
+
+
+sys.meta_path.insert(0, _OnlyTheFixes())
+_kit = types.ModuleType("helpers")
+_kit.__path__ = []
+sys.modules["helpers"] = _kit
+_spec = importlib.util.spec_from_file_location("helpers.deepspeed_fixes", {fixes!r})
+_kit.deepspeed_fixes = sys.modules["helpers.deepspeed_fixes"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_kit.deepspeed_fixes)"""
 #: Names a parameters cell may define that the test points into its temporary folder.
 #: The Hub name the scripts load, from a Hub-layout cache written by the test (HF_HUB_OFFLINE=1).
 HUB_NAME = "zero-kit-offline/tiny-gpt2"
@@ -128,6 +146,22 @@ def imported_modules(source: str) -> set[str]:
     return names
 
 
+def kit_imports(source: str) -> set[str]:
+    """The kit's modules a cell imports (``from helpers import x``, ``import helpers.x`` give ``x``;
+    ``import helpers`` gives ``helpers``)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.partition(".")[2] or alias.name for alias in node.names
+                      if alias.name.split(".")[0] == "helpers"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "helpers":
+                names |= {alias.name for alias in node.names}
+            elif node.module.split(".")[0] == "helpers":
+                names.add(node.module.partition(".")[2])
+    return names
+
+
 def defined_names(source: str) -> set[str]:
     """Names a cell assigns at top level (``A = ...``, ``A, B = ...``)."""
     names = set()
@@ -154,8 +188,8 @@ def lesson_script(path: Path, injected: dict[str, str]) -> str:
     assert len(params) == 1, f"{path.name}: expected one parameters cell, found {len(params)}"
     defined = defined_names(params[0])
     assigned = "\n".join(f"{name} = {value!r}" for name, value in injected.items() if name in defined)
-    parts = ['import sys\nsys.modules["helpers"] = None  # the kit is not importable: lessons must not need it',
-             params[0], "# Parameters injected by tests/test_lesson_scripts.py\n" + assigned,
+    fixes = str(nbtool.ROOT / "helpers" / "deepspeed_fixes.py")
+    parts = [GUARD.format(fixes=fixes), params[0], "# Parameters injected by tests/test_lesson_scripts.py\n" + assigned,
              *_tagged(path, "lesson")]
     return "\n\n\n".join(f"# %% [{i}]\n{part}" for i, part in enumerate(parts)) + "\n"
 
@@ -170,7 +204,8 @@ def test_the_lesson_notebooks_have_lesson_cells():
 @pytest.mark.parametrize("path", _with_lessons(), ids=lambda p: p.stem)
 def test_lesson_cells_import_no_kit_module(path):
     for source in _tagged(path, "parameters") + _tagged(path, "lesson"):
-        extra = imported_modules(source) - ALLOWED - set(sys.stdlib_module_names)
+        extra = imported_modules(source) - ALLOWED - set(sys.stdlib_module_names) - {"helpers"}
+        extra |= kit_imports(source) - KIT_ALLOWED
         assert not extra, f"{path.name}: a lesson or parameters cell imports {sorted(extra)}:\n{source[:300]}"
 
 
@@ -297,15 +332,25 @@ def test_imports_and_definitions_are_read_from_source():
     source = "import os, json\nfrom torch.utils.data import DataLoader\nfrom helpers import env\nA, B = 1, 2\nC: int = 3\n"
     assert imported_modules(source) == {"os", "json", "torch", "helpers"}
     assert defined_names(source) == {"A", "B", "C"}
+    assert kit_imports(source) == {"env"}
+    assert kit_imports("import helpers.config\nfrom helpers.lessons import x\nimport helpers") == {
+        "config", "lessons", "helpers"}
+    assert kit_imports("from helpers import deepspeed_fixes\nimport torch") <= KIT_ALLOWED
 
 
 def test_the_script_blocks_the_kit_and_injects_only_defined_names(tmp_path):
     path = nbtool.NOTEBOOKS / "07_engine_and_accelerate.ipynb"
     script = lesson_script(path, {"MODEL_NAME": "/m", "OUT_DIR": "/o", "WORK_DIR": "/w"})
-    assert 'sys.modules["helpers"] = None' in script.split("\n\n\n")[0]  # before any notebook line
+    assert script.index('sys.modules["helpers"] = _kit') < script.index("# %% [1]")  # before the cells
     assert "MODEL_NAME = '/m'" in script and "WORK_DIR = '/w'" in script
     assert "OUT_DIR = '/o'" not in script  # notebook 07's parameters cell has no OUT_DIR
     assert script.index("MODEL_NAME = '/m'") > script.index("MODEL_NAME = ")  # after the cell's own
-    done = subprocess.run([sys.executable, "-c", 'import sys; sys.modules["helpers"] = None\nimport helpers'],
-                          capture_output=True, text=True)
-    assert done.returncode != 0 and "import of helpers halted" in done.stderr
+    guard = GUARD.format(fixes=str(nbtool.ROOT / "helpers" / "deepspeed_fixes.py"))
+    fixes = subprocess.run([sys.executable, "-c", guard + "\nfrom helpers import deepspeed_fixes\n"
+                            "print(deepspeed_fixes.__file__)"], capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert fixes.returncode == 0 and "deepspeed_fixes.py" in fixes.stdout, fixes.stderr[-2000:]
+    for other in ("from helpers import config", "import helpers.models", "from helpers.lessons import x"):
+        done = subprocess.run([sys.executable, "-c", guard + "\n" + other], capture_output=True,
+                              text=True, cwd=tmp_path)
+        assert done.returncode != 0 and "Error" in done.stderr, (other, done.stderr[-500:])
