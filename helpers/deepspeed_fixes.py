@@ -488,11 +488,6 @@ def apply_kit_only() -> list[str]:
     return [fix.__name__ for _, fix in FIXES if fix.__name__ in KIT_ONLY and fix()]
 
 
-def in_place() -> list[str]:
-    """The names of the fixes called in this process so far, in :data:`FIXES` order."""
-    return [fix.__name__ for _, fix in FIXES if fix.__name__ in _IN_PLACE]
-
-
 def _offload_devices(zero: dict) -> set[str]:
     return {str((zero.get(key) or {}).get("device", "none")).lower()
             for key in ("offload_optimizer", "offload_param")} - {"none"}
