@@ -303,3 +303,91 @@ def test_notebook_03s_lesson_dict_is_the_forms_first_config_and_the_printer_roun
         exec(source, printed)
         assert printed["ds_config"] == form.config, settings
         assert max(len(line) for line in source.splitlines()) <= config_builder.CODE_WIDTH
+
+
+# ---- one value per meaning: the memory figures a learner reads ---------------------------------------
+_FIGURE = r"(?P<value>\d+(?:\.\d+)?) ?(?P<unit>GiB|GB)\b"
+#: Each meaning the kit's text names a figure for, with the phrases that name it (case-sensitive).
+MEANINGS = {
+    "a T4's GPU memory, as CUDA reports it": [
+        rf"T4's {_FIGURE}", rf"on a T4 \({_FIGURE}", rf"past {_FIGURE} fail",
+        rf"(?:T4|Colab)[^.\n]{{0,40}}?\b{_FIGURE} of GPU", rf"GPU under its {_FIGURE}",
+        rf"limits \({_FIGURE} and"],
+    "free Colab's RAM": [
+        rf"Colab's {_FIGURE}", rf"free Colab \({_FIGURE}", rf"on free Colab {_FIGURE}",
+        rf"free Colab as the budget for later host-RAM checks: {_FIGURE}",
+        rf"{_FIGURE} of RAM (?:runs out|$|\")", rf"Colab T4: [^\n]{{0,40}}? and {_FIGURE} of RAM",
+        rf"GiB and {_FIGURE} under T4"],
+    "the VM's own use of that RAM": [rf"{_FIGURE} that the VM", rf"VM uses about {_FIGURE}"],
+    "the RAM a run has on free Colab": [rf"{_FIGURE} of RAM left for a run",
+                                        rf"tight \([\d.]+ of {_FIGURE}\)"],
+}
+
+
+def canonical_figures() -> dict[str, set[str]]:
+    """The figures each meaning may be stated as: the kit's T4 profile (helpers.env), formatted."""
+    from helpers import env
+
+    t4, gib, gb = env.EMULATIONS["t4"], env.GiB, env.GB
+    return {"a T4's GPU memory, as CUDA reports it": {f"{t4.gpu_bytes / gib:.2f} GiB"},
+            "free Colab's RAM": {f"{t4.ram_bytes / gb:.1f} GB"},
+            "the VM's own use of that RAM": {f"{t4.vm_overhead_bytes / gb:.1f} GB"},
+            "the RAM a run has on free Colab": {f"{t4.ram_budget_bytes / gib:.1f} GiB",
+                                                f"{t4.ram_budget_bytes / gb:.1f} GB"}}
+
+
+def figures_by_meaning(texts: dict[str, str]) -> dict[str, dict[str, list[str]]]:
+    """meaning -> figure as written -> where (text name), for every phrase of :data:`MEANINGS`."""
+    found: dict[str, dict[str, list[str]]] = {meaning: {} for meaning in MEANINGS}
+    for where, text in texts.items():
+        for meaning, phrases in MEANINGS.items():
+            for phrase in phrases:
+                for m in re.finditer(phrase, text, flags=re.MULTILINE):
+                    figure = f"{m.group('value')} {m.group('unit')}"
+                    found[meaning].setdefault(figure, []).append(where)
+    return found
+
+
+def learner_texts() -> dict[str, str]:
+    """What a learner reads: every notebook cell, the README, and the helpers' strings (messages,
+    help texts, docstrings: comments are left out)."""
+    import ast
+    from pathlib import Path
+
+    root = nbtool.NOTEBOOKS.parent
+    texts = {}
+    for path in sorted(nbtool.NOTEBOOKS.glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            texts[f"{path.stem}[{i}]"] = nbtool.source(cell)
+    texts["README.md"] = (root / "README.md").read_text()
+    for path in sorted(Path(root / "helpers").rglob("*.py")):
+        strings = [node.value for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        texts[str(path.relative_to(root))] = "\n".join(strings)
+    return texts
+
+
+def test_each_memory_figure_a_learner_reads_has_one_value_the_kits_t4_profile():
+    """Notebook 05 once said a T4 has '15 GiB', 09 '14.7 GiB' and 01 '14.75 GiB', for one thing."""
+    found, allowed = figures_by_meaning(learner_texts()), canonical_figures()
+    for meaning, figures in found.items():
+        assert figures, f"no text states {meaning!r}: the phrases of MEANINGS are out of date"
+        wrong = {figure: where for figure, where in figures.items()
+                 if figure not in allowed[meaning]}
+        assert not wrong, f"{meaning}: {wrong} (the kit's T4 profile: {sorted(allowed[meaning])})"
+
+
+def test_the_figure_check_finds_each_way_a_figure_went_wrong():
+    bad = {"a": "caps the GPU at a T4's 15 GiB",
+           "b": "a free T4 (14.7 GiB of GPU for PyTorch, about",
+           "c": "on free Colab (11.5 GB) RAM runs out",
+           "d": "12.7 GB less about 1.4 GB that the VM uses",
+           "e": "about 10.7 GiB of RAM left for a run"}
+    found = figures_by_meaning(bad)
+    assert found == {"a T4's GPU memory, as CUDA reports it": {"15 GiB": ["a"], "14.7 GiB": ["b"]},
+                     "free Colab's RAM": {"11.5 GB": ["c"]},
+                     "the VM's own use of that RAM": {"1.4 GB": ["d"]},
+                     "the RAM a run has on free Colab": {"10.7 GiB": ["e"]}}
+    allowed = canonical_figures()
+    assert not any(set(figures) & allowed[meaning] for meaning, figures in found.items())
