@@ -30,8 +30,9 @@ import pytest
 
 from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too
 
-# Under CI a skipped test fails the run (tools/ci_rules.py).
-pytest_plugins = ["tools.ci_rules"]
+# Under CI a skipped test fails the run (tools/ci_rules.py); a memory figure a notebook prints
+# that disagrees with the kit's T4 profile fails it too (tools/stated_figures.py).
+pytest_plugins = ["tools.ci_rules", "tools.stated_figures"]
 
 #: What a launcher sets. A test that starts DeepSpeed or a Trainer in-process sets them; a notebook
 #: kernel that inherited them would reuse a port the pytest process still holds (EADDRINUSE).

@@ -15,6 +15,7 @@ USED_ELSEWHERE = [
     "on_step_begin", "on_step_end", "on_log",  # transformers.TrainerCallback hooks
     "pytest_runtest_logreport", "pytest_sessionfinish", "pytest_terminal_summary", "exitstatus",
     "terminalreporter",  # pytest plugin hooks (tools/ci_rules.py)
+    "pytest_configure", "pytest_runtest_makereport",  # pytest plugin hooks (tools/stated_figures.py)
     "loss_scales", "peak_gpu_reserved_bytes",  # RunResult fields: in its JSON (--json, KIT_BENCH_LOG)
     "__wrapped__",  # functools' convention: the original under a wrapper (helpers.deepspeed_fixes)
     "pre_tokenizer", "decoder", "bos_token_id", "pad_token_id", "name_or_path",  # set on tokenizers / HF configs

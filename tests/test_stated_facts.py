@@ -12,6 +12,7 @@ import lesson_code
 from helpers import memory
 from helpers.lessons import gpu_check
 from tools import nbtool
+from tools.stated_figures import canonical_figures, disagreements, figures_by_meaning
 
 
 def markdown(stem: str) -> str:
@@ -305,49 +306,7 @@ def test_notebook_03s_lesson_dict_is_the_forms_first_config_and_the_printer_roun
         assert max(len(line) for line in source.splitlines()) <= config_builder.CODE_WIDTH
 
 
-# ---- one value per meaning: the memory figures a learner reads ---------------------------------------
-_FIGURE = r"(?P<value>\d+(?:\.\d+)?) ?(?P<unit>GiB|GB)\b"
-#: Each meaning the kit's text names a figure for, with the phrases that name it (case-sensitive).
-MEANINGS = {
-    "a T4's GPU memory, as CUDA reports it": [
-        rf"T4's {_FIGURE}", rf"on a T4 \({_FIGURE}", rf"past {_FIGURE} fail",
-        rf"(?:T4|Colab)[^.\n]{{0,40}}?\b{_FIGURE} of GPU", rf"GPU under its {_FIGURE}",
-        rf"limits \({_FIGURE} and"],
-    "free Colab's RAM": [
-        rf"Colab's {_FIGURE}", rf"free Colab \({_FIGURE}", rf"on free Colab {_FIGURE}",
-        rf"free Colab as the budget for later host-RAM checks: {_FIGURE}",
-        rf"{_FIGURE} of RAM (?:runs out|$|\")", rf"Colab T4: [^\n]{{0,40}}? and {_FIGURE} of RAM",
-        rf"GiB and {_FIGURE} under T4"],
-    "the VM's own use of that RAM": [rf"{_FIGURE} that the VM", rf"VM uses about {_FIGURE}"],
-    "the RAM a run has on free Colab": [rf"{_FIGURE} of RAM left for a run",
-                                        rf"tight \([\d.]+ of {_FIGURE}\)"],
-}
-
-
-def canonical_figures() -> dict[str, set[str]]:
-    """The figures each meaning may be stated as: the kit's T4 profile (helpers.env), formatted."""
-    from helpers import env
-
-    t4, gib, gb = env.EMULATIONS["t4"], env.GiB, env.GB
-    return {"a T4's GPU memory, as CUDA reports it": {f"{t4.gpu_bytes / gib:.2f} GiB"},
-            "free Colab's RAM": {f"{t4.ram_bytes / gb:.1f} GB"},
-            "the VM's own use of that RAM": {f"{t4.vm_overhead_bytes / gb:.1f} GB"},
-            "the RAM a run has on free Colab": {f"{t4.ram_budget_bytes / gib:.1f} GiB",
-                                                f"{t4.ram_budget_bytes / gb:.1f} GB"}}
-
-
-def figures_by_meaning(texts: dict[str, str]) -> dict[str, dict[str, list[str]]]:
-    """meaning -> figure as written -> where (text name), for every phrase of :data:`MEANINGS`."""
-    found: dict[str, dict[str, list[str]]] = {meaning: {} for meaning in MEANINGS}
-    for where, text in texts.items():
-        for meaning, phrases in MEANINGS.items():
-            for phrase in phrases:
-                for m in re.finditer(phrase, text, flags=re.MULTILINE):
-                    figure = f"{m.group('value')} {m.group('unit')}"
-                    found[meaning].setdefault(figure, []).append(where)
-    return found
-
-
+# ---- one value per meaning: the memory figures a learner reads ------------------------------
 def learner_texts() -> dict[str, str]:
     """What a learner reads: every notebook cell, the README, and the helpers' strings (messages,
     help texts, docstrings: comments are left out)."""
@@ -370,12 +329,9 @@ def learner_texts() -> dict[str, str]:
 
 def test_each_memory_figure_a_learner_reads_has_one_value_the_kits_t4_profile():
     """Notebook 05 once said a T4 has '15 GiB', 09 '14.7 GiB' and 01 '14.75 GiB', for one thing."""
-    found, allowed = figures_by_meaning(learner_texts()), canonical_figures()
-    for meaning, figures in found.items():
-        assert figures, f"no text states {meaning!r}: the phrases of MEANINGS are out of date"
-        wrong = {figure: where for figure, where in figures.items()
-                 if figure not in allowed[meaning]}
-        assert not wrong, f"{meaning}: {wrong} (the kit's T4 profile: {sorted(allowed[meaning])})"
+    found = figures_by_meaning(learner_texts())
+    assert all(found.values()), f"a meaning no text states (its phrases are out of date): {found}"
+    assert not disagreements(found)
 
 
 def test_the_figure_check_finds_each_way_a_figure_went_wrong():
@@ -391,3 +347,41 @@ def test_the_figure_check_finds_each_way_a_figure_went_wrong():
                      "the RAM a run has on free Colab": {"10.7 GiB": ["e"]}}
     allowed = canonical_figures()
     assert not any(set(figures) & allowed[meaning] for meaning, figures in found.items())
+    assert len(disagreements(found)) == 5 and "15 GiB in a (the kit's T4 profile: 14.75 GiB)" in \
+        disagreements(found)[0]
+
+
+def _notebook(path, *lines: str) -> None:
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+              "outputs": [], "source": line} for i, line in enumerate(lines)]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+
+
+def test_a_notebook_that_prints_a_figure_the_profile_disagrees_with_fails_the_session(tmp_path):
+    """The plugin reads what nbval's kernels printed, in two worker processes as CI runs them."""
+    import os
+    import subprocess
+    import sys
+
+    _notebook(tmp_path / "good.ipynb", "print(\"free Colab's 12.7 GB of RAM\")",
+              "from IPython.display import Markdown; Markdown(\"a T4's 14.75 GiB\")")
+    _notebook(tmp_path / "bad.ipynb", "print('x')", "print(\"capped at a T4's 15 GiB\")")
+    root = str(nbtool.NOTEBOOKS.parent)
+    environment = {**os.environ,
+                   "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    environment.pop("KIT_PRINTED_FIGURES_DIR", None)
+
+    def session(*notebooks: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "tools.stated_figures", "-q",
+                               "--nbval-lax", "-n", "2", "-p", "no:cacheprovider", *notebooks],
+                              cwd=tmp_path, env=environment, capture_output=True, text=True,
+                              timeout=600)
+
+    bad = session("good.ipynb", "bad.ipynb")
+    assert bad.returncode == 1 and "4 passed" in bad.stdout, bad.stdout[-3000:]
+    assert "a T4's GPU memory, as CUDA reports it: 15 GiB in bad: Cell 1" in bad.stdout
+    listed = "a T4's GPU memory, as CUDA reports it: 14.75 GiB in 1 cell(s); 15 GiB in 1 cell(s)"
+    assert listed in bad.stdout
+    good = session("good.ipynb")
+    assert good.returncode == 0 and "disagree" not in good.stdout, good.stdout[-3000:]
