@@ -126,6 +126,24 @@ def test_a_subset_of_rows_is_held_to_its_own_pairs_and_names_its_model(cpu):
             in failed(stages_and_offload.checks(rows, gpu, nvme_ready=False, model="smollm2-360m-shaped")))
 
 
+def test_rows_a_lesson_renames_are_checked_as_what_their_configs_are(cpu):
+    """The checks pick rows by their configs (stage, offload devices), not their labels: a lesson
+    that calls its rows "ZeRO-2" and "ZeRO-2, optimizer in RAM" is held to the same claims."""
+    gpu = dataclasses.replace(cpu, gpu_name="Tesla T4", gpu_count=1, capability=(7, 5), precision="fp16")
+    names = {"stage 0": "no ZeRO", "stage 2": "ZeRO-2", "stage 2 + CPU offload": "ZeRO-2, optimizer in RAM"}
+    rows = [_row(names[label], choice, gpu=3 * 2**30 if "offload" in label else 2 * 2**30)
+            for label, choice in config.STAGE_ROWS if label in names]  # offload saved nothing
+    bad = failed(stages_and_offload.checks(rows, gpu, nvme_ready=False))
+    assert bad == ["ZeRO-2, optimizer in RAM uses less GPU memory than ZeRO-2"]
+    rows[0] = _row("no ZeRO", {"stage": 0}, status=runner.OOM)
+    assert ("stage 0 ran (the baseline every row is compared with)"
+            in failed(stages_and_offload.checks(rows, gpu, nvme_ready=False)))
+    for row in rows:
+        row.result.median_step_s = 1.0
+    lines = stages_and_offload.takeaways(rows, cpu)
+    assert any(line.startswith("No GPU here, so CPU offload had nothing to move") for line in lines)
+
+
 def test_two_shapes_side_by_side_quote_both_runs(cpu):
     def rows(shape, gib):
         out = [_row(label, choice, gpu=gib * 2**30) for label, choice in config.STAGE_ROWS[:3]]

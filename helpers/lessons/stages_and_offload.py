@@ -58,6 +58,18 @@ def loss_tolerance(environment: kit_env.Environment) -> tuple[float, float]:
     return (1e-4, 1e-4) if environment.precision == "fp32" else (1e-3, 0.10)
 
 
+#: The rows the checks compare, by what each config asks for (its stage and offload devices, as
+#: config.row_choice reads them), not by the label a lesson gives it: a renamed row is checked too.
+KINDS: dict[str, dict] = dict(config.STAGE_ROWS)
+
+
+def of_kind(rows: list[runner.Row], kind: str, ran: bool = True) -> runner.Row | None:
+    """The first row whose config is ``kind`` (a label of :data:`KINDS`); with ``ran``, only a row
+    that ran."""
+    return next((r for r in rows if r.choice == KINDS[kind]
+                 and (not ran or r.result.status == runner.OK)), None)
+
+
 def losses_match(base: list[float], other: list[float], first_tol: float, all_tol: float) -> bool:
     """Same number of steps, the first loss within ``first_tol`` and every loss within ``all_tol``."""
     return (bool(base) and len(base) == len(other) and claims.within(other[0], base[0], first_tol)
@@ -81,19 +93,18 @@ def checks(rows: list[runner.Row], environment: kit_env.Environment, nvme_ready:
     if model:
         return [(f"{model}: {sentence}", held)
                 for sentence, held in checks(rows, environment, nvme_ready, gpu_rtol)]
-    asked = {r.label for r in rows}
     ok = {r.label: r for r in rows if r.result.status == runner.OK}
+    base = of_kind(rows, "stage 0")
     offload = [r for r in rows if r.choice.get("offload_optimizer", "none") != "none"]
     out = [("every config ran, or hit a limit, or says why it did not run (no errors)",
             claims.every(runner.explained(r.result) for r in rows)),
-           ("stage 0 ran (the baseline every row is compared with)", "stage 0" in ok),
+           ("stage 0 ran (the baseline every row is compared with)", base is not None),
            ("at least one offload config ran", any(r.label in ok for r in offload))]
     nvme = [r for r in rows if "nvme" in r.choice.values()]
     if nvme_ready and nvme:  # where an NVMe row was asked for
         out.append(("libaio is ready here, so the NVMe row ran", claims.every(r.label in ok for r in nvme)))
-    base = ok.get("stage 0")
     first_tol, all_tol = loss_tolerance(environment)
-    compared = [r for label, r in ok.items() if label != "stage 0"]
+    compared = [r for r in ok.values() if r is not base]
     for r in compared:
         out.append((f"{r.label}: losses match stage 0 (first within {first_tol:g}, all within {all_tol:g})"
                     + (skipped_note(base.result, r.result) if base else ""),
@@ -103,14 +114,18 @@ def checks(rows: list[runner.Row], environment: kit_env.Environment, nvme_ready:
     out.append(claims.loss_falls_claim("stage 0", base.result.losses if base else []))
     if environment.has_gpu:
         for plain, offloaded in (("stage 2", "stage 2 + CPU offload"), ("stage 3", "stage 3 + CPU offload")):
-            if not {plain, offloaded} <= asked:
+            asked = of_kind(rows, plain, ran=False), of_kind(rows, offloaded, ran=False)
+            if None in asked:
                 continue
-            both = plain in ok and offloaded in ok
-            out.append((f"{offloaded} uses less GPU memory than {plain}" + ("" if both else " (one did not run)"),
-                        both and ok[offloaded].result.peak_gpu_allocated_bytes
-                        < ok[plain].result.peak_gpu_allocated_bytes))
+            ran = of_kind(rows, plain), of_kind(rows, offloaded)
+            both = None not in ran
+            out.append((f"{asked[1].label} uses less GPU memory than {asked[0].label}"
+                        + ("" if both else " (one did not run)"),
+                        both and ran[1].result.peak_gpu_allocated_bytes
+                        < ran[0].result.peak_gpu_allocated_bytes))
+        predicted = [KINDS[k] for k in ("stage 0", "stage 2", "stage 3", "stage 2 + CPU offload")]
         for r in rows:
-            if r.label in ("stage 0", "stage 2", "stage 3", "stage 2 + CPU offload") and r.estimate:
+            if r.choice in predicted and r.estimate:
                 out.append(memory.gpu_prediction_claim(r.label, r.estimate.total("gpu"),
                                                        r.result.peak_gpu_allocated_bytes, gpu_rtol))
     return out
@@ -199,7 +214,7 @@ def two_rank_checks(one: list[runner.Row], two: list[runner.Row], environment: k
     solo = {r.label: r for r in one if r.result.status == runner.OK}
     out = [(f"all {len(two)} 2-rank runs ok", claims.every(r.result.status == runner.OK for r in two))]
     first_tol, all_tol = loss_tolerance(environment)
-    base = next((r for r in two if r.label == "stage 0" and r.result.status == runner.OK), None)
+    base = of_kind(two, "stage 0")
     for r in two:
         s = solo.get(r.label)
         if r.result.status != runner.OK or not (s and s.result.ranks and len(r.result.ranks) == 2):
@@ -260,13 +275,16 @@ def takeaways(rows: list[runner.Row], environment: kit_env.Environment, other: l
         (low, low_label), (high, high_label) = ranked[0], ranked[-1]
         lines.append(f"Peak {where}: lowest {low_label} at {low / GiB:.2f} GiB, highest {high_label} at "
                      f"{high / GiB:.2f} GiB.")
-    if "stage 2" in ok and "stage 2 + CPU offload" in ok:
-        lines.append(offload_line(ok["stage 2"], ok["stage 2 + CPU offload"], environment))
-    if "stage 3 + NVMe offload" in ok:
-        nvme = ok["stage 3 + NVMe offload"]
+    plain, offloaded = of_kind(rows, "stage 2"), of_kind(rows, "stage 2 + CPU offload")
+    if plain and offloaded:
+        lines.append(offload_line(plain.result, offloaded.result, environment))
+    nvme = of_kind(rows, "stage 3 + NVMe offload")
+    if nvme:
+        nvme = nvme.result
         lines.append(f"NVMe offload wrote {nvme.peak_nvme_bytes / GiB:.2f} GiB of files and took "
                      f"{nvme.median_step_s:.2f} s a step.")
-    base = ok.get("stage 0")
+    base = of_kind(rows, "stage 0")
+    base = base.result if base else None
     if base and base.losses:
         lines.append(f"Every config that ran started at loss {base.losses[0]:.3f}: ZeRO moves bytes, not the math "
                      f"(stage 0 ended at {base.losses[-1]:.3f}).")
@@ -550,7 +568,7 @@ def changes_table(lesson_rows: dict[str, dict], rows: list[runner.Row]) -> Table
 def zero3_offload_note(rows: list[runner.Row], variants: list[Variant], shape: str) -> str:
     """The matrix's "stage 3 + CPU offload" and the faster-offload section's ZeRO-3 variant at the
     same size: their step times and every key in which their configs differ."""
-    row = next((r for r in rows if r.label == "stage 3 + CPU offload" and r.spec), None)
+    row = next((r for r in rows if r.choice == KINDS["stage 3 + CPU offload"] and r.spec), None)
     variant = next((v for v in variants if v.shape == shape and v.name == ZERO3_OPTIMIZER_ONLY), None)
     if row is None or variant is None or variant.ds_config is None:
         return f"{shape}: the matrix's stage 3 + CPU offload row or the ZeRO-3 variant did not run here."
