@@ -95,12 +95,12 @@ REAL_MODEL_LOCK = os.path.join(tempfile.gettempdir(), "zero-kit-real-model.lock"
 
 
 @contextlib.contextmanager
-def real_model_turn(stem: str):
-    """Hold :data:`REAL_MODEL_LOCK` while notebook ``stem`` runs, if it is a real-model one."""
+def real_model_turn(stem: str, lock_path: str = REAL_MODEL_LOCK):
+    """Hold the lock at ``lock_path`` while notebook ``stem`` runs, if it is a real-model one."""
     if stem not in REAL_MODEL_NOTEBOOKS:
         yield
         return
-    with open(REAL_MODEL_LOCK, "w") as lock:
+    with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another runs one
         yield
 
