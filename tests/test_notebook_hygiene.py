@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -23,6 +24,34 @@ def test_notebook_is_clean(path):
 def test_notebook_has_a_checked_summary_last(path):
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     assert nbtool.is_checked(cells[-1])
+
+
+#: The most words a markdown paragraph may hold, so that a learner reads it in one go.
+MAX_PARAGRAPH_WORDS = 120
+
+
+def _long_paragraphs(text):
+    """Word counts of the paragraphs (blocks between blank lines) over MAX_PARAGRAPH_WORDS;
+    a bullet list with no blank line between its items is one paragraph."""
+    counts = [len(paragraph.split()) for paragraph in re.split(r"\n\s*\n", text)]
+    return [n for n in counts if n > MAX_PARAGRAPH_WORDS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_markdown_paragraph_reads_in_one_go(path):
+    cells = json.loads(path.read_text())["cells"]
+    found = [f"{path.name} cell {i}: a paragraph of {n} words"
+             for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+             for n in _long_paragraphs(nbtool.source(cell))]
+    assert found == [], ("split at sentence boundaries, or into a bulleted list, to at most "
+                         f"{MAX_PARAGRAPH_WORDS} words a paragraph")
+
+
+def test_the_paragraph_counter_catches_one_word_too_many():
+    fits = " ".join(["word"] * MAX_PARAGRAPH_WORDS)
+    too_long = " ".join(["word"] * 60) + "\n" + " ".join(["word"] * 61)  # one paragraph, two lines
+    assert _long_paragraphs(f"## Title\n\n{fits}\n\n- a bullet") == []
+    assert _long_paragraphs(f"## Title\n\n{fits}\n \n{too_long}\n\n- a bullet") == [121]
 
 
 def _broken(tmp_path, change):
