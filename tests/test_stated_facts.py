@@ -381,7 +381,5 @@ def test_a_notebook_that_prints_a_figure_the_profile_disagrees_with_fails_the_se
     bad = session("good.ipynb", "bad.ipynb")
     assert bad.returncode == 1 and "4 passed" in bad.stdout, bad.stdout[-3000:]
     assert "a T4's GPU memory, as CUDA reports it: 15 GiB in bad: Cell 1" in bad.stdout
-    listed = "a T4's GPU memory, as CUDA reports it: 14.75 GiB in 1 cell(s); 15 GiB in 1 cell(s)"
-    assert listed in bad.stdout
     good = session("good.ipynb")
     assert good.returncode == 0 and "disagree" not in good.stdout, good.stdout[-3000:]
