@@ -358,6 +358,16 @@ def _notebook(path, *lines: str) -> None:
                                 "nbformat_minor": 5}))
 
 
+def test_printed_figures_read_back_in_the_cells_order_whichever_process_wrote_first(tmp_path):
+    """Two workers write in either order (their files are named by pid): the cells and the listing
+    come back the same (CI once listed '15 GiB' before '14.75 GiB' and failed the test below)."""
+    from tools import stated_figures
+
+    (tmp_path / "9.jsonl").write_text(json.dumps({"where": "a: Cell 1", "text": "x"}) + "\n")
+    (tmp_path / "10.jsonl").write_text(json.dumps({"where": "b: Cell 1", "text": "y"}) + "\n")
+    assert list(stated_figures.read_printed(tmp_path)) == ["a: Cell 1", "b: Cell 1"]
+
+
 def test_a_notebook_that_prints_a_figure_the_profile_disagrees_with_fails_the_session(tmp_path):
     """The plugin reads what nbval's kernels printed, in two worker processes as CI runs them."""
     import os
@@ -381,5 +391,7 @@ def test_a_notebook_that_prints_a_figure_the_profile_disagrees_with_fails_the_se
     bad = session("good.ipynb", "bad.ipynb")
     assert bad.returncode == 1 and "4 passed" in bad.stdout, bad.stdout[-3000:]
     assert "a T4's GPU memory, as CUDA reports it: 15 GiB in bad: Cell 1" in bad.stdout
+    listed = "a T4's GPU memory, as CUDA reports it: 14.75 GiB in 1 cell(s); 15 GiB in 1 cell(s)"
+    assert listed in bad.stdout
     good = session("good.ipynb")
     assert good.returncode == 0 and "disagree" not in good.stdout, good.stdout[-3000:]

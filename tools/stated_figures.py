@@ -105,13 +105,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def read_printed(folder: Path) -> dict[str, str]:
-    """Every cell's printed text the session's processes recorded in ``folder``, by cell."""
+    """Every cell's printed text the session's processes recorded in ``folder``, by cell, in the
+    cells' order (not the order the processes, named by their pids, happened to write them)."""
     texts: dict[str, str] = {}
-    for path in sorted(folder.glob("*.jsonl")):
+    for path in folder.glob("*.jsonl"):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             texts[record["where"]] = texts.get(record["where"], "") + "\n" + record["text"]
-    return texts
+    return dict(sorted(texts.items()))
 
 
 _found: list[str] = []  # the disagreements
@@ -126,7 +127,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     found = figures_by_meaning(printed)
     _listed.extend(f"{meaning}: " + "; ".join(f"{figure} in {len(set(where))} cell(s)"
-                                              for figure, where in figures.items())
+                                              for figure, where in sorted(figures.items()))
                    for meaning, figures in found.items() if figures)
     _found.extend(disagreements(found))
     if _found and exitstatus == pytest.ExitCode.OK:
