@@ -35,6 +35,7 @@ system-packages:
 	@bash tools/system_packages.sh
 
 $(SHARED)/.installed:
+	@$(PYTHON) tools/python_floor.py $(LOCK)
 	$(PYTHON) -m venv $(SHARED)
 	$(SHARED)/bin/python -m pip install -q --upgrade pip
 	$(SHARED)/bin/python -m pip install -q "$(TORCH_SPEC)"

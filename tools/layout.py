@@ -27,6 +27,7 @@ AFTER = [
     "tools/             nbtool.py (check, sync, clear, regen notebooks), ci_rules.py (a skip fails",
     f"{INDENT}CI), run_tutorial.py (headless run; --check compares checked cells as nbval",
     f"{INDENT}does), layout.py (this block), system_packages.sh (make setup's apt step),",
+    f"{INDENT}python_floor.py (make setup's first step: the lock's oldest Python),",
     f"{INDENT}stated_figures.py (one value per meaning for the memory figures text and",
     f"{INDENT}printed outputs state; a pytest plugin like ci_rules.py);",
     f"{INDENT}the measurement campaign: calibrate_memory.py (the stage rows, predicted vs",
