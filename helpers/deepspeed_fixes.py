@@ -274,7 +274,7 @@ def fix_engine_destroy_frees_memory() -> bool:
     ``deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK``, when the engine is built, and
     nothing takes it off: the model, its hooks, the engine and the optimizer stay reachable after
     ``destroy()`` and ``del``, with every offload buffer they hold. Measured in notebook 06's
-    kernel (docs/gpu_runs.md run 19): 5.82 GB still held after a TinyLlama-1.1B fine-tune, so the
+    kernel (T4 emulation, 2026-12-02; docs/gpu_runs.md): 5.82 GB still held after a TinyLlama-1.1B fine-tune, so the
     runs started after it were killed at 5.7 GB. A second root outlives that one (held from C,
     found by a reachability search from every module), so this fix also empties the optimizer,
     its NVMe swapper, the weights' swapper and the weights' partitions: what is left is empty

@@ -79,13 +79,13 @@ class Emulation:
 #: A free Colab T4. GPU: CUDA reports 14.75 GiB on a T4 (nvidia-smi rounds it to 15 GiB; the
 #: driver's own reserve is already left out of that total); the CUDA context of a PyTorch process
 #: sits outside the allocator: 0.068 GiB measured on the GPU machine after a first cuBLAS matmul
-#: (tools/gpu_cuda_context.py: H200, torch 2.11, CUDA 13, lazy module loading; docs/gpu_runs.md run 19).
+#: (tools/gpu_cuda_context.py: H200, torch 2.11, CUDA 13, lazy module loading; docs/gpu_runs.md, 2026-12-02).
 #: Lazy loading grows it as new kernels are first used, so it is a floor. RAM: Colab's 12.7 GB VM, of which the VM uses about 1.2 GB before any cell runs (0.9 to
 #: 1.4 GB as Colab's users report it); a kernel that imported torch and the kit holds about
 #: 0.7 GB more (measured by describe() where a notebook runs). CPU: a free Colab VM has 2 vCPUs;
 #: the emulation does not cap the cores (DeepSpeed's CPU Adam is bound by memory bandwidth more
 #: than by cores: over 355M parameters, 0.22 s a step on 2 cores of the kit's CI machine, against
-#: 0.27 s for the whole offloaded optimizer step on the GPU machine's 16, docs/gpu_runs.md run 24).
+#: 0.27 s for the whole offloaded optimizer step on the GPU machine's 16, docs/gpu_runs.md, 2026-12-03).
 #: Disk: a fresh free runtime's root filesystem is 108 GB with about 38 GB used by the image
 #: (``df -h /`` as Colab's users post it, googlecolab/colabtools#5448, 2025): about 70 GB free.
 EMULATIONS: dict[str, Emulation] = {

@@ -52,7 +52,7 @@ HALF, FP32 = 2, 4
 LOGIT_BYTES = 3 * FP32
 #: Host RSS of a process that imported torch and DeepSpeed, before any model: CUDA context and
 #: libraries on a GPU machine, libraries only on a CPU one (fitted on the plain stages' host RSS,
-#: GPT-2 124M and 355M, docs/gpu_runs.md runs 2, 6 and 10).
+#: GPT-2 124M and 355M, three GPU runs of 2026-11 in docs/gpu_runs.md).
 HOST_BASE_GPU = int(1.82 * GiB)
 HOST_BASE_CPU = int(0.45 * GiB)
 #: What stays of the fp32 model built on the host before ``deepspeed.initialize`` moved it away
@@ -68,8 +68,8 @@ HOST_PINNED_BYTES = 6
 OVERFLOW_CHECK_BYTES = 3
 #: What ``engine.step()`` adds to host RAM with the optimizer offloaded at ZeRO-3 once the kit's
 #: sliced overflow check is in place (bytes per parameter): the step's rise over the end of
-#: backward in notebook 06's 2.7B NVMe rung (a fit row), 0.37 and 0.39 (docs/gpu_runs.md runs 12 and
-#: 14). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place. Used
+#: backward in notebook 06's 2.7B NVMe rung (a fit row), 0.37 and 0.39 (docs/gpu_runs.md, 2026-11-30 and
+#: 2026-12-01). Without the fix the whole-buffer check's OVERFLOW_CHECK_BYTES stands in its place. Used
 #: with the optimizer in CPU RAM; with the optimizer on NVMe, STEP_SUB_GROUP_BYTES (below).
 SLICED_STEP_BYTES = 0.38
 #: ...and at least this much: small models' steps rise by a size-independent amount (the fit row
@@ -78,7 +78,7 @@ SLICED_STEP_FLOOR = int(0.25 * GiB)
 #: With the optimizer on NVMe, what ``engine.step()`` adds to host RAM per element of the largest
 #: optimizer sub-group: each sub-group is swapped in for its step, with an fp32 copy of its
 #: gradient and of its weights beside the swap buffers (4 + 4 bytes). Measured in T4 emulation
-#: (docs/gpu_runs.md run 20, the step's RSS rise over forward and backward): Qwen2.5-0.5B-shaped 1.09 GB
+#: (docs/gpu_runs.md, 2026-12-02, the step's RSS rise over forward and backward): Qwen2.5-0.5B-shaped 1.09 GB
 #: with a 136M-element embedding (8.0 bytes each), TinyLlama-1.1B-shaped 0.52 GB with 65.5M (8.0),
 #: GPT-2 124M 0.24-0.31 GB with 38.6M (6.3-8.0). GPT-2's embedding is a fixed share of its size,
 #: which is why SLICED_STEP_BYTES per parameter had matched GPT-2 rungs and missed the modern ones.
@@ -86,7 +86,7 @@ STEP_SUB_GROUP_BYTES = 8
 #: Host RSS that a ZeRO-3 run with offload whose model was built under ``deepspeed.zero.Init``
 #: keeps above the process base, its gradients, its step and its swap buffers (it has no
 #: host-built model to leave behind): the residual of notebook 06's NVMe rungs at 774M and 2.7B
-#: (the ladder's fit rows, docs/gpu_runs.md run 14), 0.38 and 0.37 GiB once the optimizer's swap
+#: (the ladder's fit rows, docs/gpu_runs.md, 2026-12-01), 0.38 and 0.37 GiB once the optimizer's swap
 #: buffers are sized to the largest sub-group, as DeepSpeed sizes them (1.02 GiB before, when
 #: they were sized to ``sub_group_size`` and this constant absorbed the difference).
 ZERO_INIT_HOST_BYTES = int(0.38 * GiB)

@@ -118,3 +118,34 @@ def test_every_deepspeed_fix_has_a_row_in_the_docs_table():
     table = gaps[gaps.index("## The kit's fixes"):gaps.index("## Each gap, measured")]
     rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
     assert rows == [fix.__name__ for _, fix in deepspeed_fixes.FIXES]
+
+
+#: A kit run or issue cited by number: "run 19", "runs 12 and 14", "issue 43" (an upstream project's
+#: issue is cited with its name: "DeepSpeed issue 4872", "PEFT issues 2500", "colabtools#5448").
+_KIT_NUMBER = re.compile(r"(?<!DeepSpeed )(?<!PEFT )(?<!upstream )\b(?:runs?|issues?) \d+\b"
+                         r"(?! (?:ranks?|processes|GPUs?|steps?|times)\b)", re.IGNORECASE)
+
+
+def kit_numbers(text: str) -> list[str]:
+    """The kit's own run and issue numbers ``text`` cites (meaningless to whoever reads it later)."""
+    return [m.group(0) for m in _KIT_NUMBER.finditer(text)]
+
+
+def test_library_code_and_learner_prose_cite_no_run_or_issue_numbers():
+    """helpers/ and the notebooks' cells say what was measured and when, not "run 19"."""
+    import json
+
+    found = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "helpers").rglob("*.py"))
+             if (n := kit_numbers(p.read_text()))}
+    for nb in _notebooks():
+        cells = json.loads((ROOT / nb).read_text())["cells"]
+        prose = "\n".join("".join(c["source"]) for c in cells)  # the prose and the code's comments
+        if n := kit_numbers(prose):
+            found[nb] = n
+    assert found == {}
+
+
+def test_a_cited_run_or_issue_number_is_found():
+    assert kit_numbers("measured (docs/gpu_runs.md run 19); see runs 12 and 14, issue 43") == [
+        "run 19", "runs 12", "issue 43"]
+    assert kit_numbers("DeepSpeed issue 4872, PEFT issues 2500; runs 2 ranks with gloo; 2026-12-02") == []

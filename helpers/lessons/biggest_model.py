@@ -19,7 +19,7 @@ from helpers import env as kit_env
 
 #: NVMe bytes per parameter measured for GPT-2 XL with parameters and optimizer on NVMe (26.3 GiB
 #: for 1.56B: fp16 weights, fp32 master weights, Adam's moments, gradient swap space), and with
-#: the optimizer only (SmolLM2-1.7B-shaped, 25.5 GiB for 1.71B, docs/gpu_runs.md run 19: 12 bytes of
+#: the optimizer only (SmolLM2-1.7B-shaped, 25.5 GiB for 1.71B, T4 emulation, 2026-12-02 in docs/gpu_runs.md: 12 bytes of
 #: fp32 master weights and moments, 4 of fp32 gradients).
 NVME_BYTES_PER_PARAM = 18.2
 NVME_OPTIMIZER_BYTES_PER_PARAM = 16.0

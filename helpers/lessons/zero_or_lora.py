@@ -226,7 +226,7 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
 def diverged_in_fp16(m: Method, result: runner.RunResult, ds: dict) -> runner.RunResult:
     """ZenFlow run in fp16 with a loss gone inf or NaN, as a row saying so (status
     :data:`DIVERGED_FP16`, the step and the skipped steps in its message): in T4 emulation
-    ZenFlow's went NaN from step 2 (docs/gpu_runs.md run 23). Anything else as it came:
+    ZenFlow's went NaN from step 2 (T4 emulation, 2026-12-03; docs/gpu_runs.md). Anything else as it came:
     in fp32, or for any other method (fp16 master weights run only in fp16, and going NaN is what
     their check is for), such a loss stays a failed run."""
     fp16 = bool(ds.get("fp16", {}).get("enabled"))
