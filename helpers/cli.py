@@ -269,8 +269,10 @@ def matrix_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     refuse_more_ranks_than_gpus(parser, args.world_size)
     machine = kit_env.describe()
+    kinds = [dict(kit_config.STAGE_ROWS)[label] for label in args.only] if args.only else None
     rows = runner.run_matrix(args.shape, machine, args.micro_batch, args.seq_len, args.steps, grad_ckpt=args.grad_ckpt,
-                      nvme_ready=kit_env.libaio_available(), labels=args.only, world_size=args.world_size, progress=False)
+                             nvme_ready=kit_env.libaio_available(), kinds=kinds, world_size=args.world_size,
+                             progress=False)
     if args.json:
         print(json.dumps([asdict(r.result) for r in rows], indent=1))
     else:

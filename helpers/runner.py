@@ -264,9 +264,9 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 def prepared_model(spec: RunSpec, model_config=None):
     """(model, tokenizer) as a run trains them: ``spec.model_path``'s from_pretrained folder, or
     ``spec.shape`` built from ``model_config``; in training mode (from_pretrained returns one in
-    evaluation mode, where transformers skips activation checkpointing and dropout: docs/gpu_runs.md
-    run 23, notebook 09's runs peaked at the estimator's figures without checkpointing, LoRA at
-    4.56 GiB against 1.95), checkpointing on where ``spec.grad_ckpt`` asks, LoRA's adapters where
+    evaluation mode, where transformers skips activation checkpointing and dropout: in T4 emulation
+    on 2026-12-03, notebook 09's runs peaked at the estimator's figures without checkpointing, LoRA
+    at 4.56 GiB against 1.95; docs/gpu_runs.md), checkpointing on where ``spec.grad_ckpt`` asks, LoRA's adapters where
     ``spec.lora`` does."""
     import torch
 
@@ -616,11 +616,13 @@ class Row:
 
 
 def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
-               grad_ckpt: bool = True, nvme_ready: bool = True, labels: list[str] | None = None,
+               grad_ckpt: bool = True, nvme_ready: bool = True, kinds: list[dict] | None = None,
                world_size: int = 1, progress: bool = True,
                configs: dict[str, dict] | None = None) -> list[Row]:
     """Run every row of ``configs`` (label: a learner's engine config, as notebook 05's lesson cell
-    writes them) or, without them, of config.STAGE_ROWS; only ``labels`` where given. Each runs
+    writes them) or, without them, of config.STAGE_ROWS; where ``kinds`` is given, only the rows
+    whose config is one of them (stage and offload devices, as config.row_choice reads a config and
+    STAGE_ROWS writes them), whatever their labels: a row renamed in the lesson is still picked. Each runs
     with ``world_size`` ranks (one per GPU, or CPU ranks with gloo where there is no GPU) and is
     predicted too. A given config runs as written: the kit's tuning for the row
     (:func:`helpers.config.for_row`) fills only the keys it leaves unset. NVMe without async_io
@@ -632,7 +634,7 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
     given = ([(label, kit_config.row_choice(cfg.get("zero_optimization", {})), cfg)
               for label, cfg in configs.items()] if configs is not None
              else [(label, choice, {}) for label, choice in kit_config.STAGE_ROWS])
-    todo = [row for row in given if labels is None or row[0] in labels]
+    todo = [row for row in given if kinds is None or row[1] in kinds]
     for label, choice, written in tqdm(todo, desc="configs", disable=not progress):
         if "nvme" in choice.values() and not nvme_ready:
             rows.append(Row(label, choice, None, RunResult(

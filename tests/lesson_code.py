@@ -35,3 +35,13 @@ def lesson_functions(stem: str, names: list[str], **values) -> dict:
         assert cell is not None, f"no lesson cell of {stem} defines {name}"
         exec(definitions(cell), namespace)
     return namespace
+
+
+def parameter(stem: str, name: str):
+    """The literal value ``notebooks/<stem>.ipynb``'s parameters cell assigns to ``name``."""
+    cells = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())["cells"]
+    source = "".join(next(c["source"] for c in cells if "parameters" in c["metadata"].get("tags", [])))
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"the parameters cell of {stem} assigns no literal {name}")

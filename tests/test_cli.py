@@ -220,7 +220,7 @@ def test_matrix_rows_reach_the_matrix(monkeypatch, capsys):
     seen = {}
 
     def run_matrix(shape, machine, micro_batch, seq_len, steps, **kw):
-        seen.update(shape=shape, micro_batch=micro_batch, seq_len=seq_len, steps=steps, labels=kw["labels"])
+        seen.update(shape=shape, micro_batch=micro_batch, seq_len=seq_len, steps=steps, kinds=kw["kinds"])
         return []
 
     monkeypatch.setattr(runner, "run_matrix", run_matrix)
@@ -229,7 +229,7 @@ def test_matrix_rows_reach_the_matrix(monkeypatch, capsys):
     only = "stage 0, stage 3 + CPU offload"
     assert cli.matrix_command(["--only", only, "--shape", "mini", "--steps", "1", "--seq-len", "16"]) == 0
     assert seen == {"shape": "mini", "micro_batch": 2, "seq_len": 16, "steps": 1,
-                    "labels": ["stage 0", "stage 3 + CPU offload"]}
+                    "kinds": [{"stage": 0}, {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}]}
     assert capsys.readouterr().out.splitlines() == ["matrix table", "ranks table"]
 
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import config, runner
 from helpers import env as kit_env
 from helpers.lessons import stages_and_offload as lesson
-from tests.lesson_code import definitions, lesson_sources
+from tests.lesson_code import definitions, lesson_sources, parameter
 
 STEM = "05_stages_and_offload"
 STAGE_3 = '"stage 3": {"stage": 3},'
@@ -85,7 +85,7 @@ def test_a_lesson_row_that_is_not_the_kits_row_of_its_name_fails_a_check(monkeyp
     rows["stage 2 + CPU offload"] = {"stage": 2, "offload_optimizer": {"device": "nvme"}}
     ran, _ = _ran(monkeypatch, {label: {"zero_optimization": zero} for label, zero in rows.items()})
     failed = [name for name, ok in lesson.lesson_keys_claims(rows, ran) if not ok]
-    assert failed == ["each lesson row is the kit's row of its name (stage and offload devices) "
+    assert failed == ["each lesson row is one of the kit's stage rows (stage and offload devices) "
                       "(not: stage 2 + CPU offload)"], failed
     fewer = lesson.lesson_keys_claims(rows, ran[:-1])
     assert not dict(fewer)["the matrix ran the lesson's rows"]
@@ -131,3 +131,36 @@ def test_precision_blocks_that_are_off_are_no_difference():
     assert lesson.config_differences(off, {"a": 1}) == []
     assert lesson.config_differences({"fp16": {"enabled": True}, "a": 1}, {"a": 1}) == [
         ("fp16.enabled", True, None)]
+
+
+RENAMED = {"stage 0": "no ZeRO", "stage 2": "ZeRO-2", "stage 2 + CPU offload": "ZeRO-2, optimizer in RAM",
+           "stage 1": "ZeRO-1", "stage 3": "ZeRO-3"}
+
+
+def test_rows_renamed_in_the_lesson_cell_are_rerun_and_checked_by_what_they_are(monkeypatch, tmp_path):
+    """The Llama-style and 2-rank re-runs pick rows by their configs: renaming the lesson's rows
+    keeps them (a pick by label ran none of them), and the key checks still hold."""
+    cell = _lesson_cell()
+    for old, new in RENAMED.items():
+        cell = cell.replace(f'"{old}": {{', f'"{new}": {{')
+    configs = _lesson(tmp_path, cell)["ROW_CONFIGS"]
+    assert set(RENAMED.values()) <= set(configs)
+    seen = {}
+
+    def measure(spec, log_path=None):
+        seen[spec.label] = spec.ds_config
+        return runner.RunResult(spec.label, runner.OK, losses=[1.0, 0.5])
+
+    monkeypatch.setattr(runner, "measure", measure)
+    llama = runner.run_matrix("tiny", kit_env.describe(), 2, 64, 2, configs=configs, progress=False,
+                              kinds=parameter(STEM, "LLAMA_KINDS"))
+    assert [r.label for r in llama] == ["no ZeRO", "ZeRO-2", "ZeRO-2, optimizer in RAM"]
+    two = runner.run_matrix("tiny", kit_env.describe(), 2, 64, 2, configs=configs, progress=False,
+                            kinds=lesson.TWO_RANK_KINDS)
+    assert [r.label for r in two] == ["no ZeRO", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-2, optimizer in RAM"]
+    rows = runner.run_matrix("tiny", kit_env.describe(), 2, 64, 2, configs=configs, progress=False)
+    checks = lesson.lesson_keys_claims(_lesson(tmp_path, cell)["ZERO_ROWS"], rows)
+    assert checks and all(ok for _, ok in checks), checks
+    table = lesson.changes_table(_lesson(tmp_path, cell)["ZERO_ROWS"], rows)
+    assert dict((r[0], r[1]) for r in table.rows)["ZeRO-2, optimizer in RAM"] == (
+        'zero_optimization.offload_optimizer.device = "cpu"; zero_optimization.stage = 2')

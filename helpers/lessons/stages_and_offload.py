@@ -144,8 +144,9 @@ def summary(rows: list[runner.Row], claims_held: list[claims.Claim]) -> str:
 
 # ---- 2 ranks: ZeRO's fractions --------------------------------------------------------------------------
 
-#: The configs run again with 2 ranks (NVMe is left out: it partitions like stage 3 + CPU offload, slower).
-TWO_RANK_LABELS = ["stage 0", "stage 1", "stage 2", "stage 3", "stage 2 + CPU offload"]
+#: The configs run again with 2 ranks, by what they are (:data:`KINDS`), whatever the lesson calls
+#: them (NVMe is left out: it partitions like stage 3 + CPU offload, slower).
+TWO_RANK_KINDS = [KINDS[kind] for kind in ("stage 0", "stage 1", "stage 2", "stage 3", "stage 2 + CPU offload")]
 
 #: From which stage on each kind is held partitioned at the end of backward. The ZeRO paper's
 #: stage 1 keeps whole gradients; DeepSpeed's stage 1 reduce-scatters them at the accumulation
@@ -524,14 +525,13 @@ def lesson_keys_claims(lesson_rows: dict[str, dict], rows: list[runner.Row]) -> 
     """Each able to fail: the matrix ran every row the lesson writes and no other, and each row
     that ran carries every key the lesson sets under ``zero_optimization``, with the lesson's value
     (the kit's tuning must not have overridden one). Each row is also one of the kit's stage rows
-    (:data:`helpers.config.STAGE_ROWS`, which the sizing table and notebook 03 predict): the same
-    stage and offload devices under the same label."""
+    (:data:`KINDS`, which the sizing table and notebook 03 predict): its stage and offload devices
+    are one of theirs, whatever the lesson calls it."""
     ran = _ran_configs(rows)
-    kit_rows = dict(config.STAGE_ROWS)
     others = [label for label, zero in lesson_rows.items()
-              if kit_rows.get(label) != config.row_choice(zero)]
+              if config.row_choice(zero) not in KINDS.values()]
     out = [("the matrix ran the lesson's rows", set(lesson_rows) == {r.label for r in rows}),
-           ("each lesson row is the kit's row of its name (stage and offload devices)"
+           ("each lesson row is one of the kit's stage rows (stage and offload devices)"
             + (f" (not: {', '.join(others)})" if others else ""), not others)]
     for label, zero in lesson_rows.items():
         if label not in ran:
@@ -548,7 +548,8 @@ def changes_table(lesson_rows: dict[str, dict], rows: list[runner.Row]) -> Table
     """Per row, every key whose value in the config that ran differs from the stage-0 row's: the
     lesson's (what the row is) and the kit's tuning (what it is run with)."""
     ran = _ran_configs(rows)
-    base = ran.get("stage 0", {})
+    stage0 = of_kind([r for r in rows if r.spec is not None], "stage 0", ran=False)
+    base = stage0.spec.ds_config if stage0 else {}
     out = []
     for label, cfg in ran.items():
         lesson_keys = set(flatten({"zero_optimization": lesson_rows.get(label, {})}))
