@@ -281,6 +281,28 @@ def test_notebook_04s_lines_and_notebook_05s_ram_axis_keep_one_unit(tmp_path):
     assert f"{limit.get_ydata()[0]:.1f} GiB" in limit.get_label() and not unconverted_gb(limit.get_label())
 
 
+def test_what_notebooks_04_and_06_print_on_a_gpu_names_each_memory_figure_as_the_profile_does():
+    """On the GPU (never on a CPU) 04's table and summary and 06's GPU claim printed the allocator's
+    14.68 GiB as "a T4's", beside 01's "a T4's 14.75 GiB": the plugin failed both notebooks."""
+    from helpers import env
+    from helpers.lessons import biggest_model, zero2_training
+
+    machine = dataclasses.replace(env.describe(), gpu_name="NVIDIA H100", gpu_count=1,
+                                  emulation=env.EMULATIONS["t4"],
+                                  gpu_cap_bytes=env.EMULATIONS["t4"].gpu_cap_bytes)
+    records = [{"loss": 5.0 - i, "tokens_per_s": 100.0, "host_rss_bytes": 3 * 2**30,
+                "gpu_peak_bytes": 2**30, "skipped_steps": 0} for i in range(3)]
+    run = zero2_training.TrainRun("ok", records=records, seconds=1.0, micro_batch=2)
+    lines = zero2_training.takeaways(run, machine, 0.0, True, "out of GPU memory", "zero2.json",
+                                     (4.9, 3.7))
+    lines += [" ".join(map(str, row)) for row in zero2_training.summary_table(run, machine).rows]
+    lines.append(biggest_model.t4_gpu_claim("peak GPU memory", 2**30, machine)[0])
+    found = figures_by_meaning({"printed on a GPU": "\n".join(lines)})
+    allocator = "what PyTorch's allocator has on a T4 (its memory less the CUDA context)"
+    assert found[allocator] == {"14.68 GiB": ["printed on a GPU"] * 3}, found
+    assert not disagreements(found)
+
+
 # ---- notebook 03: the form's config as the lesson's dict --------------------------------------------------
 
 
@@ -339,16 +361,26 @@ def test_the_figure_check_finds_each_way_a_figure_went_wrong():
            "b": "a free T4 (14.7 GiB of GPU for PyTorch, about",
            "c": "on free Colab (11.5 GB) RAM runs out",
            "d": "12.7 GB less about 1.4 GB that the VM uses",
-           "e": "about 10.7 GiB of RAM left for a run"}
+           "e": "about 10.7 GiB of RAM left for a run",
+           # what notebooks 04 and 06 printed on the GPU: the allocator's cap under a T4's name
+           "f": "peak GPU memory 3.08 GiB of a T4's 14.68 GiB",
+           "g": "peak GPU memory within the 14.75 GiB PyTorch has on a T4 (T4 emulation)"}
     found = figures_by_meaning(bad)
-    assert found == {"a T4's GPU memory, as CUDA reports it": {"15 GiB": ["a"], "14.7 GiB": ["b"]},
+    allocator = "what PyTorch's allocator has on a T4 (its memory less the CUDA context)"
+    assert found == {"a T4's GPU memory, as CUDA reports it": {"15 GiB": ["a"], "14.7 GiB": ["b"],
+                                                               "14.68 GiB": ["f"]},
+                     allocator: {"14.75 GiB": ["g"]},
                      "free Colab's RAM": {"11.5 GB": ["c"]},
                      "the VM's own use of that RAM": {"1.4 GB": ["d"]},
                      "the RAM a run has on free Colab": {"10.7 GiB": ["e"]}}
     allowed = canonical_figures()
     assert not any(set(figures) & allowed[meaning] for meaning, figures in found.items())
-    assert len(disagreements(found)) == 5 and "15 GiB in a (the kit's T4 profile: 14.75 GiB)" in \
+    assert len(disagreements(found)) == 7 and "15 GiB in a (the kit's T4 profile: 14.75 GiB)" in \
         disagreements(found)[0]
+    assert "14.75 GiB in g (the kit's T4 profile: 14.68 GiB)" in disagreements(found)[3]
+    good = {"f": "peak GPU memory 3.08 GiB of the 14.68 GiB PyTorch has on a T4",
+            "g": "a T4's 14.75 GiB less the 0.07 GiB CUDA context"}
+    assert not disagreements(figures_by_meaning(good))
 
 
 def _notebook(path, *lines: str) -> None:

@@ -1,5 +1,6 @@
-"""One value per meaning for the memory figures a learner reads: a T4's GPU memory, free Colab's
-RAM, the VM's own share of it and the RAM a run has, wherever the kit states or prints them.
+"""One value per meaning for the memory figures a learner reads: a T4's GPU memory (and what
+PyTorch's allocator has of it), free Colab's RAM, the VM's own share of it and the RAM a run has,
+wherever the kit states or prints them.
 
 Each meaning has the phrases that name it (:data:`MEANINGS`) and the figures the kit's T4 profile
 (``helpers.env.EMULATIONS["t4"]``) allows for it. tests/test_stated_facts.py holds the kit's text
@@ -27,6 +28,8 @@ MEANINGS: dict[str, list[str]] = {
         rf"T4's {_FIGURE}", rf"on a T4 \({_FIGURE}", rf"past {_FIGURE} fail",
         rf"(?:T4|Colab)[^.\n]{{0,40}}?\b{_FIGURE} of GPU", rf"GPU under its {_FIGURE}",
         rf"limits \({_FIGURE} and"],
+    "what PyTorch's allocator has on a T4 (its memory less the CUDA context)": [
+        rf"{_FIGURE} PyTorch has on a T4"],
     "free Colab's RAM": [
         rf"Colab's {_FIGURE}", rf"free Colab \({_FIGURE}", rf"on free Colab {_FIGURE}",
         rf"free Colab as the budget for later host-RAM checks: {_FIGURE}",
@@ -47,6 +50,8 @@ def canonical_figures() -> dict[str, set[str]]:
 
     t4, gib, gb = env.EMULATIONS["t4"], env.GiB, env.GB
     return {"a T4's GPU memory, as CUDA reports it": {f"{t4.gpu_bytes / gib:.2f} GiB"},
+            "what PyTorch's allocator has on a T4 (its memory less the CUDA context)":
+                {f"{t4.gpu_cap_bytes / gib:.2f} GiB"},
             "free Colab's RAM": {f"{t4.ram_bytes / gb:.1f} GB"},
             "the VM's own use of that RAM": {f"{t4.vm_overhead_bytes / gb:.1f} GB"},
             "the RAM a run has on free Colab": {f"{t4.ram_budget_bytes / gib:.1f} GiB",

@@ -747,7 +747,7 @@ def t4_gpu_claim(label: str, peak_bytes: int | None,
     GPU without emulation (where nothing else would stop a run past a T4)."""
     cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes
     how = "T4 emulation" if environment.emulation else f"measured on {environment.gpu_name}"
-    return (f"{label} within a T4's {cap / GiB:.2f} GiB ({how})",
+    return (f"{label} within the {cap / GiB:.2f} GiB PyTorch has on a T4 ({how})",
             0 < (peak_bytes or 0) <= cap)
 
 

@@ -34,7 +34,7 @@ def plot(rows: list[runner.Row], environment: kit_env.Environment):
             [r.estimate.total("gpu") / GiB if r.estimate else None for r in rows],
             (environment.gpu_cap_bytes or environment.vram_total_bytes) / GiB, "Peak GPU memory",
             "this GPU's limit" if not environment.emulation
-            else f"T4: {environment.gpu_cap_bytes / GiB:.2f} GiB"))
+            else f"{environment.gpu_cap_bytes / GiB:.2f} GiB PyTorch has on a T4"))
     figures.append(show.memory_bars(
         labels, [(r.result.peak_host_rss_bytes or 0) / GiB or None for r in rows],
         [r.estimate.total("cpu") / GiB if r.estimate else None for r in rows],

@@ -182,7 +182,7 @@ def takeaways(run: TrainRun, environment: kit_env.Environment, logit_diff: float
     peak_gpu = max((r.get("gpu_peak_bytes", 0) for r in recs), default=0)
     peak_rss = max((r["host_rss_bytes"] for r in recs), default=0)
     cap = kit_env.EMULATIONS["t4"].gpu_cap_bytes / GiB
-    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of a T4's {cap:.2f} GiB" if environment.has_gpu
+    where = (f"peak GPU memory {peak_gpu / GiB:.2f} GiB of the {cap:.2f} GiB PyTorch has on a T4" if environment.has_gpu
              else "no GPU here: the CPU trained in fp32")
     simulated = "" if environment.has_gpu else " (simulated: no GPU here)"
     return [
@@ -208,7 +208,7 @@ def summary_table(run: TrainRun, environment: kit_env.Environment) -> Table:
     rows = [("steps", len(recs), ""),
             ("tokens/s (median)", f"{sorted(timed)[len(timed) // 2]:,.0f}" if timed else "-", "first step left out"),
             ("peak GPU memory", f"{peak_gpu / GiB:.2f} GiB" if environment.has_gpu else "-",
-             f"of a T4's {t4.gpu_cap_bytes / GiB:.2f} GiB" if environment.has_gpu else "no GPU"),
+             f"of the {t4.gpu_cap_bytes / GiB:.2f} GiB PyTorch has on a T4" if environment.has_gpu else "no GPU"),
             ("peak host RSS of this kernel", f"{peak_rss / GiB:.2f} GiB",
              f"of the {show.in_gib(t4.notebook_ram_bytes, True)} free Colab leaves it"),
             ("skipped (overflow) steps", recs[-1]["skipped_steps"] if recs else 0, "fp16 loss scaling backs off"),

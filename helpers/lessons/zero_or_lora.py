@@ -301,7 +301,7 @@ def plot(runs: list[MethodRun], environment: kit_env.Environment):
         figures.append(show.memory_bars(
             labels, [(r.result.peak_gpu_allocated_bytes or 0) / GiB or None for r in ran],
             [r.estimate.total("gpu") / GiB if r.estimate else None for r in ran],
-            t4.gpu_cap_bytes / GiB, "Peak GPU memory", f"T4: {t4.gpu_cap_bytes / GiB:.2f} GiB"))
+            t4.gpu_cap_bytes / GiB, "Peak GPU memory", f"{t4.gpu_cap_bytes / GiB:.2f} GiB PyTorch has on a T4"))
     figures.append(show.memory_bars(
         labels, [(r.result.peak_host_rss_bytes or 0) / GiB or None for r in ran],
         [r.estimate.total("cpu") / GiB if r.estimate else None for r in ran],
