@@ -189,8 +189,8 @@ def bench_command(argv: list[str]) -> int:
         ds_config = kit_config.build(stage=args.stage, offload_optimizer=args.offload_optimizer,
                                      offload_param=args.offload_param, precision=args.precision,
                                      micro_batch=args.micro_batch, world_size=args.world_size, trainer=False)
-    spec = runner.RunSpec(ds_config=ds_config, shape=args.shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                   steps=args.steps, grad_ckpt=args.grad_ckpt, world_size=args.world_size)
+    spec = runner.RunSpec(ds_config=ds_config, shape=args.shape, seq_len=args.seq_len, steps=args.steps,
+                          grad_ckpt=args.grad_ckpt)
     result = runner.measure(spec)
     print(json.dumps(asdict(result), indent=1) if args.json else runner.results_table([result]))
     return 0 if result.status == runner.OK else 1

@@ -51,17 +51,17 @@ TRAIN_ENTRY = "helpers.runner:train_rank"
 
 @dataclass
 class RunSpec:
-    """What to run: a GPT-2-shaped model, a DeepSpeed config, and the sizes of the batches."""
+    """What to run: a GPT-2-shaped model, a DeepSpeed config, and the sizes of the batches. The
+    config is the one carrier of the micro batch and the number of ranks (:attr:`micro_batch`,
+    :attr:`world_size`), as ``deepspeed.initialize`` reads them."""
 
     ds_config: dict
     shape: str = "tiny"
     vocab_size: int | None = None  # None: GPT-2's 50257
     seq_len: int = 64
-    micro_batch: int = 2
     steps: int = 4
     grad_ckpt: bool = False
     seed: int = 0
-    world_size: int = 1
     label: str = ""
     gpu_cap_bytes: int | None = None  # cap GPU memory for this run (tests provoke OOM with it)
     ram_limit_bytes: int | None = None  # kill the run when its process tree's RSS passes this
@@ -74,11 +74,26 @@ class RunSpec:
     eval_batches: int = 0  # held-out batches (the text's last tenth) scored after training
 
     def __post_init__(self) -> None:
-        """The DeepSpeed config carries the micro batch and the world size: a spec that says
-        otherwise would measure another run than it names, and is refused (ValueError)."""
-        if why := memory.batch_disagreement(self.ds_config, self.micro_batch, self.world_size):
-            raise ValueError(f"RunSpec {self.label or self.shape!r}: {why}: build the config with the "
-                             "spec's micro batch and world size (helpers.config.build)")
+        """A config that gives no micro batch in numbers ("auto" is the Trainer's to fill) cannot
+        say what to run: refused (ValueError) with the fix."""
+        if "micro_batch" not in memory.batch_in_config(self.ds_config):
+            value = self.ds_config.get("train_micro_batch_size_per_gpu", "missing")
+            raise ValueError(
+                f"RunSpec {self.label or self.shape!r}: the DeepSpeed config carries the micro batch, and "
+                f"its train_micro_batch_size_per_gpu is {value!r}: write a number there (and train_batch_size"
+                " = micro batch x gradient_accumulation_steps x ranks for more than one rank), or build it"
+                " with helpers.config.build(micro_batch=N, world_size=W, trainer=False)")
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per forward and backward on one rank: the config's train_micro_batch_size_per_gpu."""
+        return memory.batch_in_config(self.ds_config)["micro_batch"]
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks run: train_batch_size over micro batch x accumulation (1 where the config
+        gives no train_batch_size: DeepSpeed would then take the launcher's number)."""
+        return memory.batch_in_config(self.ds_config).get("world_size", 1)
 
 
 @dataclass
@@ -625,8 +640,8 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
     STAGE_ROWS writes them), whatever their labels: a row renamed in the lesson is still picked. Each runs
     with ``world_size`` ranks (one per GPU, or CPU ranks with gloo where there is no GPU) and is
     predicted too. A given config runs as written: the kit's tuning for the row
-    (:func:`helpers.config.for_row`) fills only the keys it leaves unset. NVMe without async_io
-    becomes an explained row."""
+    (:func:`helpers.config.for_row`, with ``micro_batch``) fills only the keys it leaves unset, and
+    each run's micro batch is its config's. NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.for_shape(shape)
@@ -641,13 +656,16 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
                 label, NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
         tuned = kit_config.for_row(choice, info, environment, micro_batch, world_size)
-        if {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(written):
-            tuned.pop("train_batch_size", None)  # DeepSpeed derives it from the written ones
         ds = kit_config.overlaid(tuned, written)
-        spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
-                       grad_ckpt=grad_ckpt, label=label, world_size=world_size)
-        est = memory.estimate(info, spec.ds_config, world_size=spec.world_size, micro_batch=spec.micro_batch,
-                              seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt, on_gpu=environment.has_gpu)
+        if ({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(written)
+                and "train_batch_size" not in written):
+            # the lesson's own batch, on world_size ranks: the total follows it, as DeepSpeed's would
+            micro, accumulation = ds["train_micro_batch_size_per_gpu"], ds.get("gradient_accumulation_steps", 1)
+            ds["train_batch_size"] = (micro * accumulation * world_size
+                                      if isinstance(micro, int) and isinstance(accumulation, int) else "auto")
+        spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps, grad_ckpt=grad_ckpt,
+                       label=label)
+        est = memory.estimate(info, spec.ds_config, seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt, on_gpu=environment.has_gpu)
         rows.append(Row(label, choice, spec, measure(spec), est))
     return rows
 

@@ -16,8 +16,8 @@ from tools import run_log
 CPU_FP32 = dict(trainer=False, precision="fp32", pin_memory=False, micro_batch=2)
 
 
-def spec(stage=2, **kw):
-    ds = config.build(stage=stage, world_size=kw.get("world_size", 1), **CPU_FP32)
+def spec(stage=2, world_size=1, **kw):
+    ds = config.build(stage=stage, world_size=world_size, **CPU_FP32)
     return runner.RunSpec(ds_config=ds, shape="tiny", steps=kw.pop("steps", 3), force_cpu=True, **kw)
 
 
@@ -247,15 +247,33 @@ def test_the_engine_loop_each_run_executes_is_shown_as_source():
     assert "<details>" in shown._repr_html_() and "engine.step()" in shown._repr_html_()
 
 
-def test_a_spec_that_disagrees_with_its_config_is_refused():
-    """The DeepSpeed config carries the micro batch and the world size; the spec must say the same."""
+def test_the_config_is_the_one_carrier_of_the_micro_batch_and_the_ranks():
+    """A run reads its micro batch and rank count from its DeepSpeed config, as
+    deepspeed.initialize does: no second number to keep equal, and a config that gives none is
+    refused with the fix."""
     ds = config.build(stage=2, trainer=False, precision="fp32", pin_memory=False, micro_batch=4, world_size=2)
-    with pytest.raises(ValueError, match="micro_batch 2 but the config's train_micro_batch_size_per_gpu is 4"):
-        runner.RunSpec(ds_config=ds, micro_batch=2, world_size=2)
-    with pytest.raises(ValueError, match=r"world_size 1 but the config's train_batch_size .* is 2"):
-        runner.RunSpec(ds_config=ds, micro_batch=4)
-    assert runner.RunSpec(ds_config=ds, micro_batch=4, world_size=2).world_size == 2
-    runner.RunSpec(ds_config=config.build(stage=2, trainer=True), micro_batch=3)  # "auto" says nothing
+    spec = runner.RunSpec(ds_config=ds)
+    assert (spec.micro_batch, spec.world_size) == (4, 2)
+    assert "micro_batch" not in dataclasses.asdict(spec)  # a rank rebuilds it from the config alone
+    with pytest.raises(TypeError):
+        runner.RunSpec(ds_config=ds, micro_batch=2)
+    for said_nothing in (config.build(stage=2, trainer=True), {"zero_optimization": {"stage": 2}}):
+        with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu is .*helpers.config.build"):
+            runner.RunSpec(ds_config=said_nothing)
+    one = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 3})
+    assert (one.micro_batch, one.world_size) == (3, 1)
+
+
+def test_a_lesson_rows_own_micro_batch_runs_on_the_ranks_asked(monkeypatch):
+    """Notebook 05's lesson configs write their micro batch; on two ranks the total must follow it
+    (a config without train_batch_size would run on one rank)."""
+    seen = []
+    monkeypatch.setattr(runner, "measure", lambda s: seen.append(s) or runner.RunResult(s.label, runner.OK))
+    written = {"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 2}}
+    runner.run_matrix("tiny", env.describe(), 2, 32, 1, configs={"mine": written}, world_size=2,
+                      progress=False)
+    assert (seen[0].micro_batch, seen[0].world_size) == (3, 2)
+    assert seen[0].ds_config["train_batch_size"] == 6
 
 
 @pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])

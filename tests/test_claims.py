@@ -148,7 +148,7 @@ def test_two_shapes_side_by_side_quote_both_runs(cpu):
     def rows(shape, gib):
         out = [_row(label, choice, gpu=gib * 2**30) for label, choice in config.STAGE_ROWS[:3]]
         for r in out:
-            r.spec = runner.RunSpec(ds_config={}, shape=shape)
+            r.spec = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 4}, shape=shape)
             r.result.median_step_s = gib / 10
         return out
 
@@ -176,7 +176,7 @@ def _rung(shape, method, status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.
     if biggest_model.is_nvme(method):  # the config the ladder gives it (its optimizer sub-groups)
         ds = config.zero_infinity(memory.ModelInfo.for_shape(shape),
                                   config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload")
-        spec = runner.RunSpec(ds_config=ds, shape=shape, micro_batch=4)
+        spec = runner.RunSpec(ds_config=ds, shape=shape)
     return biggest_model.Rung(shape, method, result, 1, spec=spec)
 
 
@@ -508,7 +508,7 @@ def test_a_modern_rung_killed_for_host_ram_names_what_stopped_it(cpu):
     info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")  # as the ladder runs it
     ds = config.zero_infinity(info, config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload",
                               offload_param="none")
-    wall.spec = runner.RunSpec(ds_config=ds, shape=info.name, micro_batch=4, zero_init=True)
+    wall.spec = runner.RunSpec(ds_config=ds, shape=info.name, zero_init=True)
     lines = biggest_model.takeaways(rungs + [wall], t4(cpu))  # the estimate of a T4's run
     line = next(x for x in lines
                 if x.startswith("llama-3.2-3b-shaped under ZeRO-3 + NVMe optimizer"))

@@ -135,7 +135,8 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
               for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]
     ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
-    spec = runner.RunSpec(ds_config={"zero_optimization": {"stage": 3, "sub_group_size": 10**6}},
+    spec = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 4,
+                                     "zero_optimization": {"stage": 3, "sub_group_size": 10**6}},
                           shape="gpt2-124m")
     rungs = [biggest_model.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000, spec=spec),
              biggest_model.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
@@ -158,7 +159,7 @@ def _nvme_rung(shape: str, rise: int) -> biggest_model.Rung:
     phases = [{"name": "forward and backward", "start_bytes": 0, "peak_bytes": 6 * 2**30, "entries": 5},
               {"name": "optimizer step", "start_bytes": 0, "peak_bytes": 6 * 2**30 + rise, "entries": 5}]
     result = runner.RunResult("x", runner.OK, rss_phases=phases)
-    spec = runner.RunSpec(ds_config=ds, shape=shape, micro_batch=4)
+    spec = runner.RunSpec(ds_config=ds, shape=shape)
     return biggest_model.Rung(shape, biggest_model.NVME, result, info.n_params, spec=spec)
 
 
@@ -201,7 +202,7 @@ def _ran(shape, method, gpu, host, status=runner.OK, limit=None):
     ds = (config.zero_infinity(info, t4, 4, "/tmp/x", 5, offload_param=choice.get("offload_param", "none"))
           if biggest_model.is_nvme(method) else
           config.build(**choice, micro_batch=4, trainer=False, environment=t4, pin_memory=False))
-    spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=512, micro_batch=4, steps=5, grad_ckpt=True,
+    spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=512, steps=5, grad_ckpt=True,
                           zero_init=choice["stage"] == 3)
     result = runner.RunResult(shape, status, "" if status == runner.OK else status,
                               losses=[11.0, 9.0, 8.0, 7.0, 6.0] if status == runner.OK else [],

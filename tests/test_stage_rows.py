@@ -116,11 +116,11 @@ def test_overlaid_keeps_the_learners_values_and_fills_the_rest():
     assert base["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5}  # not changed
 
 
-def test_a_row_that_writes_its_own_accumulation_runs_without_the_kits_batch_size(monkeypatch, tmp_path):
+def test_a_row_that_writes_its_own_accumulation_runs_with_the_total_it_implies(monkeypatch, tmp_path):
     configs = _lesson(tmp_path)["ROW_CONFIGS"]
     configs["stage 2"]["gradient_accumulation_steps"] = 4
     _, ran = _ran(monkeypatch, configs)
-    assert "train_batch_size" not in ran["stage 2"]  # DeepSpeed derives it: 2 x 4 x 1
+    assert ran["stage 2"]["train_batch_size"] == 8  # 2 x 4 x 1, as DeepSpeed derives it, not the kit's 2
     assert ran["stage 2"]["gradient_accumulation_steps"] == 4
     _, kits = _ran(monkeypatch, None)
     assert kits["stage 2"]["train_batch_size"] == 2  # the kit's rows keep theirs

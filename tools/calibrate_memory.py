@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.rows and label not in args.rows:
                 continue
             ds = config.for_row(choice, info, machine, args.micro_batch)
-            spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, micro_batch=args.micro_batch,
-                                 steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
+            spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=args.seq_len, steps=args.steps, grad_ckpt=True, label=f"{shape} {label}",
                                  zero_init=choice["stage"] == 3 and "nvme" in choice.values())
             result = runner.measure(spec)
             est = memory.estimate(info, ds, micro_batch=args.micro_batch, seq_len=args.seq_len, grad_ckpt=True,

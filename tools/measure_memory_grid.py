@@ -330,7 +330,6 @@ def run(
                     ds_config=ds,
                     shape=case.shape,
                     seq_len=case.seq_len,
-                    micro_batch=case.micro_batch,
                     steps=steps,
                     grad_ckpt=case.grad_ckpt,
                     label=case.id,

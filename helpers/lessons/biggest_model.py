@@ -161,7 +161,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
-        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
                              zero_init=choice["stage"] == 3, timeout_s=3600)
         result = runner.measure(spec)

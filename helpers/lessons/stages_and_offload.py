@@ -390,8 +390,8 @@ def run_variants(shapes: list[str], environment: kit_env.Environment, micro_batc
     for shape, name in tqdm(todo, desc="offload variants", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
         ds = variant_config(name, info, environment, micro_batch, steps)
-        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, micro_batch=micro_batch,
-                             steps=steps, grad_ckpt=True, label=f"{shape} {name}")
+        spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps, grad_ckpt=True,
+                              label=f"{shape} {name}")
         out.append(Variant(shape, name, runner.measure(spec), info.n_params, ds))
     return out
 

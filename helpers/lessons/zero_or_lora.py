@@ -216,7 +216,7 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
             out.append(MethodRun(m, runner.RunResult(m.name, runner.NOT_TRIED, why), ds, est))
             continue
         spec = runner.RunSpec(ds_config=ds, model_path=model_path, text_path=text_path,
-                              seq_len=seq_len, micro_batch=micro_batch, steps=steps,
+                              seq_len=seq_len, steps=steps,
                               grad_ckpt=grad_ckpt, label=m.name, eval_batches=eval_batches,
                               lora=dict(LORA) if m.lora else None)
         out.append(MethodRun(m, diverged_in_fp16(m, runner.measure(spec), ds), ds, est))
