@@ -64,7 +64,8 @@ LAYERS: list[dict[str, str]] = [
     {"__main__": "python -m helpers: the command lines, and one rank of a run"},
     {
         "lessons.gpu_check": "01: is this machine ready? checks that can fail, a verdict",
-        "lessons.config_builder": "03: the config form, and the summary",
+        "lessons.ds_report": "02: the ops built and exercised, checked; the closing lines",
+        "lessons.config_builder": "03: the config form, ten mistakes caught, the summary",
         "lessons.zero2_training": "04: the Trainer's run, save, reload, resume; the ZeRO picture",
         "lessons.stages_and_offload": "05: the stage rows checked, 2 ranks, faster offload",
         "lessons.biggest_model": "06: the model-size ladder, the disk; the fine-tune, watched",

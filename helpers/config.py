@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import env as kit_env
@@ -242,20 +241,6 @@ def for_engine(config: dict, micro_batch: int, grad_accum: int = 1, world_size: 
     return filled
 
 
-# ---- the mistakes notebook 03 demonstrates ------------------------------------------------------------
-
-
-@dataclass
-class Mistake:
-    """A broken config, the key where check() must report it, and what check() said."""
-
-    name: str
-    config: dict
-    expected_path: str
-    problems: list
-    caught: bool
-
-
 def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
     """This environment as a free Colab T4 would report it (capability 7.5, fp16, the T4's GPU cap,
     Colab's RAM less the VM's own use and a typical kernel's, a fresh runtime's free disk)."""
@@ -268,57 +253,6 @@ def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
                                notebook_ram_bytes=t4.notebook_ram_bytes,
                                kernel_rss_bytes=t4.kernel_rss_bytes, emulation=t4,
                                disk_free_bytes=t4.disk_free_bytes)
-
-
-def mistakes(base: dict, environment: kit_env.Environment) -> list[Mistake]:
-    """Ten common mistakes applied to ``base`` (an engine-mode config), each checked."""
-    t4 = t4_profile(environment)
-    xl = memory.ModelInfo.for_shape("gpt2-1.5b")
-
-    def variant(change) -> dict:
-        c = json.loads(json.dumps(base))
-        change(c)
-        return c
-
-    micro = base["train_micro_batch_size_per_gpu"]
-    cases = [
-        ("typo at the top level", variant(lambda c: c.update(fp_16={"enabled": True})), "fp_16", {}),
-        ("typo inside zero_optimization", variant(lambda c: c["zero_optimization"].update(overlap_com=True)),
-         "zero_optimization.overlap_com", {}),
-        ("batch sizes disagree", variant(lambda c: c.update(train_batch_size=micro * 2 + 1)), "train_batch_size", {}),
-        ('"auto" without the Trainer', variant(lambda c: c.update(gradient_clipping="auto")), "gradient_clipping",
-         {"for_trainer": False}),
-        ("parameter offload below stage 3", variant(lambda c: c["zero_optimization"].update(
-            stage=2, offload_param={"device": "cpu"})), "zero_optimization.offload_param.device", {}),
-        ("bf16 on a T4", variant(lambda c: (c.pop("fp16", None), c.update(bf16={"enabled": True}))), "bf16.enabled",
-         {"hardware": t4}),
-        ("fp16 and bf16 both on", variant(lambda c: c.update(fp16={"enabled": True}, bf16={"enabled": True})),
-         "bf16.enabled", {}),
-        ("NVMe offload without a path", variant(lambda c: c["zero_optimization"].update(
-            stage=3, offload_optimizer={"device": "nvme"})),  # below stage 3 it runs on the CPU
-         "zero_optimization.offload_optimizer.nvme_path", {}),
-        ("NVMe buffers smaller than GPT-2 XL's largest tensor", variant(lambda c: c["zero_optimization"].update(
-            stage=3, offload_param={"device": "nvme", "nvme_path": str(kit_env.default_offload_dir()),
-                                    "buffer_size": 10_000_000, "buffer_count": 5})),
-         "zero_optimization.offload_param.buffer_size", {"model": xl}),
-        ("pinned memory with Colab's 12.7 GB", variant(lambda c: c["zero_optimization"].update(
-            offload_optimizer={"device": "cpu", "pin_memory": True})),
-         "zero_optimization.offload_optimizer.pin_memory", {"hardware": t4}),
-    ]
-    out = []
-    for name, broken, path, kwargs in cases:
-        found = check(broken, for_trainer=kwargs.pop("for_trainer", True), **kwargs)
-        out.append(Mistake(name, broken, path, found, any(p.path == path for p in found)))
-    return out
-
-
-def mistakes_table(cases: list[Mistake]) -> Table:
-    rows = []
-    for m in cases:
-        hit = next((p for p in m.problems if p.path == m.expected_path), None)
-        rows.append((m.name, m.expected_path, "yes" if m.caught else "NO", hit.message if hit else "-",
-                     hit.fix if hit else "-"))
-    return Table(["mistake", "key", "caught", "what check() says", "fix"], rows, title="Mistakes, caught")
 
 
 # ---- the stage and offload rows, and ZeRO-Infinity's config --------------------------------------

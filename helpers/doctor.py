@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers import claims
 from helpers import env as kit_env
 
 from helpers import memory, show
@@ -581,39 +580,6 @@ def verdict_table(rows: list[tuple[str, str, str]]) -> Table:
     return Table(["capability", "status", "reason / fix"], rows, title="Verdict")
 
 
-def checks(facts: Facts, statuses: list[OpStatus]) -> list[tuple[str, bool]]:
-    """The claims notebook 02 asserts, each measured in this run and able to fail: CPU Adam builds,
-    loads and steps like torch's AdamW; where libaio is installed, async_io round-trips a tensor
-    through a file; on a GPU FusedAdam loads; every failed build carries a reason."""
-    ops = {s.name: s for s in statuses}
-
-    def works(name: str) -> bool:
-        s = ops.get(name)
-        return bool(s and s.loads and s.works)
-
-    def error(name: str) -> str:
-        s = ops.get(name)
-        if not s:
-            return "not built"
-        if not s.loads:
-            return "did not load" + (f": {show.clip(s.why, 160)}" if s.why else "")
-        if not s.works:
-            return show.clip(s.why, 160) or "its exercise did not run"
-        return f"error {s.works_error:.1e}"
-
-    out = [(f"CPU Adam (every offload notebook needs it) builds, loads and steps like torch's AdamW "
-            f"({error('cpu_adam')})", works("cpu_adam"))]
-    if facts.libaio:
-        out.append((f"libaio is installed, so async_io builds and round-trips 1 MiB through a file "
-                    f"({error('async_io')})", works("async_io")))
-    if facts.has_gpu:
-        out.append(("FusedAdam (fp16/bf16 training on the GPU) builds and loads",
-                    bool(ops.get("fused_adam") and ops["fused_adam"].loads)))
-    failed = [s for s in statuses if s.loads is False]
-    out.append((f"every failed build carries a reason ({len(failed) or 'none'} failed)", all(s.why for s in failed)))
-    return out
-
-
 #: The output of DeepSpeed's compile-and-link probes (``OpBuilder.has_function``, verbose under
 #: ds_report): the compiler's command lines and the linker's complaints, which say only that a
 #: library is absent. Each missing library, and what the kit knows of it.
@@ -662,17 +628,6 @@ def ds_report_text(html: bool = False) -> str:
     out = re.sub(r"\x1b\[(\d+)m", lambda m: f"<span style='color:{colours[m.group(1)]}'>" if m.group(1) in colours else "", out)
     out = out.replace("\x1b[0m", "</span>")
     return f"<pre style='font-size:11px'>{ANSI.sub('', out)}</pre>"
-
-
-def summary(facts: Facts, statuses: list[OpStatus], claims_held: list[tuple[str, bool]]) -> str:
-    """Facts that read the same on a CPU and on a T4 (what notebook 02 compares with nbval)."""
-    ops = {s.name: s for s in statuses}
-    aio = ops.get("async_io")
-    return "\n".join([
-        f"cpu_adam loads and steps like AdamW: {bool(ops.get('cpu_adam') and ops['cpu_adam'].works)}",
-        f"async_io works wherever libaio is installed: {not facts.libaio or bool(aio and aio.works)}",
-        f"all checks held: {claims.every(held for _, held in claims_held)}",
-    ])
 
 
 def exercise_cpu_adam(op=None, steps: int = 3) -> float:
@@ -741,21 +696,3 @@ def load_in_this_process(name: str) -> int:
         else:
             print(f"{WORKS_MARK} {error <= tolerance} {error:.3g}")
     return 0
-
-
-def takeaways(facts: Facts, statuses: list[OpStatus], rows: list[tuple[str, str, str]]) -> list[str]:
-    """Notebook 02's summary: what was built and what is ready, each figure from this run."""
-    built = [f"{s.name} {s.seconds:.0f} s ({build_note(s)})" for s in statuses
-             if s.loads and s.seconds is not None]
-    ready = [c for c, status, _ in rows if status == READY]
-    missing = [f"{c} ({status}: {show.clip(why, 60)})" for c, status, why in rows if status != READY]
-    cpu_adam = next((s for s in statuses if s.name == "cpu_adam"), None)
-    return [
-        "Ops built and loaded in fresh processes: " + (", ".join(built) or "none") + ". A compiled op is "
-        "cached, so the next notebooks load it in seconds.",
-        f"Ready here: {', '.join(ready) or 'nothing'}.",
-        "Not ready: " + ("; ".join(missing) or "nothing") + ".",
-        f"CPU Adam matched torch's AdamW to {cpu_adam.works_error:.1e} after three steps." if cpu_adam
-        and cpu_adam.works_error is not None else "CPU Adam was not exercised.",
-        "Next: 03 · config builder: these capabilities become a DeepSpeed config, checked and sized.",
-    ]

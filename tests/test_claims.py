@@ -12,6 +12,7 @@ from helpers import claims, config, doctor, env, memory, runner
 from helpers.lessons import biggest_model
 from helpers.lessons import stages_and_offload
 from helpers.lessons import zero2_training
+from helpers.lessons import ds_report
 from helpers.lessons import gpu_check
 
 XL_RUN = [11.17, 7.26, 7.24, 7.20, 9.31]  # GPT-2 XL once: the last step jumped back up
@@ -421,10 +422,10 @@ def test_op_checks_fail_when_an_op_loads_but_computes_wrongly():
     facts = doctor.gather_facts(env.describe())
     facts = dataclasses.replace(facts, libaio=True, has_gpu=False)
     good = [_op("cpu_adam"), _op("async_io")]
-    assert failed(doctor.checks(facts, good)) == []
-    bad = failed(doctor.checks(facts, [_op("cpu_adam", works=False), _op("async_io", loads=False)]))
+    assert failed(ds_report.checks(facts, good)) == []
+    bad = failed(ds_report.checks(facts, [_op("cpu_adam", works=False), _op("async_io", loads=False)]))
     assert len(bad) == 3, bad  # CPU Adam wrong, async_io missing, and its failed build has no reason
-    assert "all checks held: False" in doctor.summary(facts, good, doctor.checks(facts, [_op("cpu_adam", works=False)]))
+    assert "all checks held: False" in ds_report.summary(facts, good, ds_report.checks(facts, [_op("cpu_adam", works=False)]))
 
 
 # ---- notebook 06's fine-tune ---------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 
 from helpers import config, env, memory, runner
 from helpers.config import ConfigError
+from helpers.lessons import config_builder
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_nvme_param_offload_sizes_buffers_and_disables_reuse():
 
 
 def test_every_mistake_is_caught_at_its_key(machine):
-    cases = config.mistakes(engine(), machine)
+    cases = config_builder.mistakes(engine(), machine)
     assert len(cases) == 10
     missed = [c.name for c in cases if not c.caught]
     assert missed == []
