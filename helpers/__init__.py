@@ -42,6 +42,7 @@ LAYERS: list[dict[str, str]] = [
         "colab": "the repository's address, the setup cell, badges, the lock, Colab's packages",
         "deepspeed_fixes": "fixes for DeepSpeed bugs the kit meets, applied before every engine",
         "data": "real text offline (Python's docs), a generated corpus, blocks, the Hub's text",
+        "taught": "generated from the notebooks' export cells: the lesson code the kit's runs call",
     },
     {
         "claims": "the check rules every notebook shares (a loss that falls, a tolerance)",

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from helpers import config as kit_config
-from helpers import memory, show
+from helpers import memory, show, taught
 from helpers import env as kit_env
 from helpers.show import Table
 
@@ -190,10 +190,10 @@ def train_rank(payload: dict, result: dict) -> None:
 
 
 def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) -> None:
-    """The engine loop every measured run executes, in its subprocess: notebook 07's lesson
-    (``deepspeed.initialize``, then ``engine(batch)``, ``engine.backward(loss)``, ``engine.step()``)
-    with the kit's measurements around it (bytes each rank holds, step times, peak GPU memory, and
-    ``trace``'s host RSS per phase)."""
+    """The engine loop every measured run executes, in its subprocess: ``deepspeed.initialize``,
+    then notebook 07's own ``train_step`` for each batch (:mod:`helpers.taught`, generated from its
+    lesson cell), with the kit's measurements around it (:func:`measure_inside`: bytes each rank
+    holds, step times; peak GPU memory, and ``trace``'s host RSS per phase)."""
     enter = trace.enter if trace else (lambda phase: None)
     import torch
 
@@ -241,26 +241,13 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     rank = int(os.environ.get("RANK", "0"))
     steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
     losses, times, scales, step_times = [], [], [], []
-    for step, batch in enumerate(steps):
+    measure_inside(engine, result, step_times, enter, cuda)
+    for batch in steps:
         batch = batch.to(engine.device)
         start = time.perf_counter()
         enter("forward and backward")
-        loss = engine(input_ids=batch, labels=batch).loss
-        engine.backward(loss)
-        if step == 0:
-            result["grads_bytes"] = held_bytes(engine)["grads_bytes"]
-        enter("optimizer step")
-        if cuda:  # the optimizer step timed alone: what offload moves to the CPU and the bus
-            torch.cuda.synchronize()
-        stepping = time.perf_counter()
-        engine.step()
-        if cuda:
-            torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - stepping)
-        if step == 0:  # Adam's moments exist after the first step
-            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
+        losses.append(float(taught.train_step(engine, {"input_ids": batch, "labels": batch})))
         times.append(time.perf_counter() - start)
-        losses.append(float(loss.item()))
         scale = getattr(engine.optimizer, "loss_scale", None)
         scales.append(float(scale) if isinstance(scale, (int, float)) else float(getattr(scale, "item", lambda: 1.0)()))
     result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
@@ -274,6 +261,38 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
         result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
     del keep_alive
+
+
+def measure_inside(engine, result: dict, step_times: list[float], enter, cuda: bool) -> None:
+    """Measurement hooks around the lesson's step (notebook 07's ``train_step``, which calls
+    ``engine.backward`` and ``engine.step``), installed on this engine alone: after the first
+    backward, the gradients' bytes; each optimizer step timed alone (what offload moves to the CPU
+    and the bus; CUDA synchronized around it); after the first, the states' bytes (Adam's moments
+    exist then); ``enter`` marks the phases for the host RSS trace."""
+    import torch
+
+    backward, step = engine.backward, engine.step
+
+    def measured_backward(*args, **kwargs):
+        out = backward(*args, **kwargs)
+        if "grads_bytes" not in result:  # the first backward's gradients
+            result["grads_bytes"] = held_bytes(engine)["grads_bytes"]
+        return out
+
+    def measured_step(*args, **kwargs):
+        enter("optimizer step")
+        if cuda:
+            torch.cuda.synchronize()
+        stepping = time.perf_counter()
+        out = step(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - stepping)
+        if len(step_times) == 1:
+            result.update({k: v for k, v in held_bytes(engine).items() if k != "grads_bytes"})
+        return out
+
+    engine.backward, engine.step = measured_backward, measured_step
 
 
 def prepared_model(spec: RunSpec, model_config=None):

@@ -238,13 +238,15 @@ def test_matrix_plots_include_step_times_and_losses():
 
 
 def test_the_engine_loop_each_run_executes_is_shown_as_source():
-    from helpers import show
+    from helpers import show, taught
 
     shown = show.Source(runner.train_steps)
     assert str(shown).startswith("# helpers.runner.train_steps\ndef train_steps(")
-    for call in ("deepspeed.initialize(", "engine.backward(loss)", "engine.step()"):
-        assert call in shown.code
-    assert "<details>" in shown._repr_html_() and "engine.step()" in shown._repr_html_()
+    assert "deepspeed.initialize(" in shown.code and "taught.train_step(engine" in shown.code
+    step = show.Source(taught.train_step)  # notebook 07's lesson cell, generated
+    for call in ("engine.backward(loss)", "engine.step()"):
+        assert call in step.code
+    assert "<details>" in step._repr_html_() and "engine.step()" in step._repr_html_()
 
 
 def test_the_config_is_the_one_carrier_of_the_micro_batch_and_the_ranks():

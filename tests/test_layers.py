@@ -181,7 +181,9 @@ def test_at_most_two_modules_build_argument_parsers():
 
 
 def test_at_most_16_core_modules():
-    assert 0 < len(core_modules()) <= 16, core_modules()
+    """Hand-written ones: helpers/taught.py is generated from the notebooks (tools/nbtool.py export)."""
+    hand_written = [name for name in core_modules() if name != "taught"]
+    assert 0 < len(hand_written) <= 16, hand_written
 
 
 # ---- CONTRIBUTING.md's layout comes from the same list ------------------------------------------------

@@ -24,9 +24,10 @@ BEFORE = ["notebooks/         the tutorial, in order"]
 AFTER = [
     "configs/           DeepSpeed JSON configs, one idea per file",
     "tests/             pytest tests of helpers, configs and notebook hygiene",
-    "tools/             nbtool.py (check, sync, clear, regen notebooks), ci_rules.py (a skip fails",
-    f"{INDENT}CI), run_tutorial.py (headless run; --check compares checked cells as nbval",
-    f"{INDENT}does), layout.py (this block), system_packages.sh (make setup's apt step),",
+    "tools/             nbtool.py (check, sync, clear, regen notebooks; export helpers/taught.py),",
+    f"{INDENT}ci_rules.py (a skip fails CI), run_tutorial.py (headless run; --check",
+    f"{INDENT}compares checked cells as nbval does), layout.py (this block),",
+    f"{INDENT}system_packages.sh (make setup's apt step),",
     f"{INDENT}python_floor.py (make setup's first step: the lock's oldest Python),",
     f"{INDENT}stated_figures.py (one value per meaning for the memory figures text and",
     f"{INDENT}printed outputs state; a pytest plugin like ci_rules.py);",

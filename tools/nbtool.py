@@ -4,6 +4,7 @@
     python tools/nbtool.py sync             # rewrite setup cells and Colab badges from helpers/colab.py
     python tools/nbtool.py clear [NB ...]   # drop outputs except on '# NBVAL_CHECK_OUTPUT' cells
     python tools/nbtool.py regen [NB ...]   # run in smoke mode, keep outputs only on checked cells
+    python tools/nbtool.py export           # write helpers/taught.py from the cells tagged export
 
 Rules (CONTRIBUTING.md, "Working on the notebooks"): a stored output needs an execution count;
 only checked cells keep outputs; every checked cell has one; markers are spelled exactly.
@@ -12,6 +13,7 @@ only checked cells keep outputs; every checked cell has one; markers are spelled
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -26,6 +28,38 @@ NOTEBOOKS = ROOT / "notebooks"
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
 KNOWN_MARKERS = {"NBVAL_CHECK_OUTPUT", "NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_RAISES_EXCEPTION"}
 _MARKER_LIKE = re.compile(r"^\s*#\s*(nbval\w*.*)$", re.M | re.I)
+
+
+#: The generated module of the lesson definitions the kit's own code calls (see :func:`render_taught`).
+TAUGHT = ROOT / "helpers" / "taught.py"
+EXPORT_TAG = "export"
+_TAUGHT_HEAD = '''"""The lesson code the kit's own runs call, generated from the notebooks: every function a
+cell tagged "export" defines, as the cell writes it, headed by its notebook and cell. Do not edit:
+edit the notebook's cell, then run  python tools/nbtool.py export  (tests/test_taught.py fails
+while this file and the notebooks differ). Each cell's imports come along; nothing else of it runs.
+"""
+'''
+
+
+def render_taught(paths: list[Path] | None = None) -> str:
+    """helpers/taught.py as the notebooks' export cells make it: each cell's imports and function
+    definitions, verbatim (comments included), in notebook and cell order."""
+    blocks = []
+    for path in paths or notebook_paths():
+        cells = json.loads(path.read_text())["cells"]
+        for index, cell in enumerate(cells):
+            if cell.get("cell_type") != "code" or EXPORT_TAG not in cell.get("metadata", {}).get("tags", []):
+                continue
+            text = source(cell)
+            nodes = [n for n in ast.parse(text).body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
+            if not any(isinstance(n, ast.FunctionDef) for n in nodes):
+                raise ValueError(f"{path.name}, cell {index}: tagged {EXPORT_TAG!r} but defines no function")
+            imports = [ast.get_source_segment(text, n) for n in nodes if not isinstance(n, ast.FunctionDef)]
+            functions = [ast.get_source_segment(text, n) for n in nodes if isinstance(n, ast.FunctionDef)]
+            head = f"# ---- {path.relative_to(ROOT).as_posix()}, cell {index} "
+            blocks.append("\n".join([head.ljust(100, "-"), *imports]) + ("\n\n" if imports else "\n")
+                          + "\n\n\n".join(functions))
+    return _TAUGHT_HEAD + "".join(f"\n\n{block}\n" for block in blocks)
 
 
 #: The longest code line a notebook cell may hold.
@@ -152,10 +186,14 @@ def _rewrite(path: Path, change) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["check", "sync", "clear", "regen"])
+    parser.add_argument("command", choices=["check", "sync", "clear", "regen", "export"])
     parser.add_argument("notebooks", nargs="*")
     args = parser.parse_args(argv)
     paths = notebook_paths(args.notebooks)
+    if args.command == "export":
+        TAUGHT.write_text(render_taught())
+        print(f"export: {TAUGHT.relative_to(ROOT).as_posix()}")
+        return 0
     if args.command == "check":
         found = [p for path in paths for p in problems(path)]
         print("\n".join(found) or f"{len(paths)} notebooks clean")
