@@ -2,6 +2,7 @@
 and the GPU runs install. These fail when the installed environment, requirements.txt's ranges or
 requirements-colab.txt's pins drift from it."""
 
+import os
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -99,7 +100,12 @@ def test_make_setup_stops_an_older_python_with_the_fix(tmp_path):
 
     message = python_floor.problem((3, 11, 2))
     assert message and "Python 3.11.2" in message and "3.11.5 or newer" in message
-    assert "soupsieve" in message and "PYTHON=python3.12" in message
+    assert "soupsieve" in message and "export PYTHON=python3.12" in message
+    # the fix reaches every make command: make takes PYTHON from the environment (PYTHON ?=), and
+    # set-up's first step runs under it (a `make setup PYTHON=...` alone left make tutorial on the old one)
+    planned = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True,
+                             env={**os.environ, "PYTHON": sys.executable, "HOME": str(tmp_path)})
+    assert f"{sys.executable} tools/python_floor.py" in planned.stdout, planned.stdout + planned.stderr
     assert python_floor.problem((3, 11, 5)) is None and python_floor.problem((3, 12, 0)) is None
     lock = tmp_path / "lock.txt"
     lock.write_text("# requires-python: >=3.99.0 (a package of the future)\nsix==1.16.0\n")
@@ -112,8 +118,15 @@ def test_make_setup_stops_an_older_python_with_the_fix(tmp_path):
     assert recipe.index("tools/python_floor.py $(LOCK)") < recipe.index("-m venv $(SHARED)")
 
 
-def test_the_readme_states_the_locks_python_floor():
+def test_the_readme_and_setup_page_state_the_locks_python_floor():
+    """Every "Python X.Y+" in the set-up prose is the lock's floor (setup.md said 3.10+ while the
+    lock needed 3.11.5: a learner on Debian 12's 3.11.2 followed it into the floor's refusal)."""
+    import re
+
     from tools import python_floor
 
     floor = ".".join(map(str, python_floor.lock_floor()[0]))
-    assert f"Python {floor}+" in (ROOT / "README.md").read_text()
+    for page in ("README.md", "docs/setup.md"):
+        stated = re.findall(r"Python (\d+\.\d+(?:\.\d+)?)\+", (ROOT / page).read_text())
+        assert stated, f"{page} states no Python version for make setup"
+        assert set(stated) == {floor}, f"{page} states Python {stated}; the lock needs {floor}+"

@@ -34,8 +34,9 @@ def problem(version: "tuple[int, int, int]", lock: Path = LOCK) -> "str | None":
     have, need = ".".join(map(str, version)), ".".join(map(str, floor))
     return (f"setup: Python {have} ({sys.executable}) is older than the locked packages need: "
             f"{need} or newer ({why}; {lock.name}).\n"
-            f"Fix: make setup PYTHON=python3.12 (any Python {need}+ works; Colab has 3.12), "
-            "or install the kit's ranges into your own environment: pip install -r requirements.txt")
+            f"Fix: export PYTHON=python3.12 (any Python {need}+; Colab has 3.12), then make as "
+            "before: every make command then uses it (the environment is keyed to the Python). Or "
+            "install the kit's ranges into your own environment: pip install -r requirements.txt")
 
 
 def main(argv: "list[str]") -> int:
