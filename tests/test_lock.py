@@ -101,10 +101,14 @@ def test_make_setup_stops_an_older_python_with_the_fix(tmp_path):
     message = python_floor.problem((3, 11, 2))
     assert message and "Python 3.11.2" in message and "3.11.5 or newer" in message
     assert "soupsieve" in message and "export PYTHON=python3.12" in message
-    # the fix reaches every make command: make takes PYTHON from the environment (PYTHON ?=), and
-    # set-up's first step runs under it (a `make setup PYTHON=...` alone left make tutorial on the old one)
+    # The fix reaches every make command: make takes PYTHON from the environment (PYTHON ?=), and
+    # set-up's first step runs under it (`make setup PYTHON=...` alone left make tutorial on the old
+    # one). Planned for a machine with nothing set up: caches in an empty HOME, no outer make's
+    # variables (under make test, ZERO_KIT_CACHE points at the set-up caches).
+    outer = {"ZERO_KIT_CACHE", "TORCH_EXTENSIONS_DIR", "MAKEFLAGS", "MAKELEVEL", "MFLAGS"}
+    fresh = {k: v for k, v in os.environ.items() if k not in outer}
     planned = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True,
-                             env={**os.environ, "PYTHON": sys.executable, "HOME": str(tmp_path)})
+                             env={**fresh, "PYTHON": sys.executable, "HOME": str(tmp_path)})
     assert f"{sys.executable} tools/python_floor.py" in planned.stdout, planned.stdout + planned.stderr
     assert python_floor.problem((3, 11, 5)) is None and python_floor.problem((3, 12, 0)) is None
     lock = tmp_path / "lock.txt"
@@ -119,8 +123,8 @@ def test_make_setup_stops_an_older_python_with_the_fix(tmp_path):
 
 
 def test_the_readme_and_setup_page_state_the_locks_python_floor():
-    """Every "Python X.Y+" in the set-up prose is the lock's floor (setup.md said 3.10+ while the
-    lock needed 3.11.5: a learner on Debian 12's 3.11.2 followed it into the floor's refusal)."""
+    """Every "Python X.Y+" in the set-up prose is the lock's floor (docs/setup.md said 3.10+ while
+    the lock needed 3.11.5: a learner on Debian 12's 3.11.2 followed it into the floor's refusal)."""
     import re
 
     from tools import python_floor
