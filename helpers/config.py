@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from helpers import env as kit_env
-from helpers import memory
+from helpers import memory, taught
 from helpers.config_check import (OFFLOAD_DEVICES, PIN_MEMORY_MIN_RAM, PRECISIONS,  # noqa: F401 (re-exported)
                                   ConfigError, Problem, check)
 from helpers.show import Table
@@ -290,16 +290,15 @@ def overlaid(base: dict, over: dict) -> dict:
     return out
 
 
-#: How many optimizer sub-groups the model is cut into: a quarter of the model in the stage rows,
-#: 1/32 in ZeRO-Infinity's config, where a sub-group's fp32 weights, gradients and moments pass
-#: through host RAM together (1/32 keeps that near 1 GB at 1.5B parameters).
-ROW_SUB_GROUPS, INFINITY_SUB_GROUPS = 4, 32
+#: How many optimizer sub-groups the stage rows cut the model into: a quarter of it (notebook 06's
+#: ZeRO-Infinity function, ``taught.zero_infinity_config``, takes a 32nd by the same rule, where a
+#: sub-group's fp32 weights, gradients and moments pass through host RAM together).
+ROW_SUB_GROUPS = 4
 
 
 def sub_group_size(n_params: int, groups: int) -> int:
     """The optimizer's sub-group size, in elements: 1/``groups`` of the model, at least 1e6 and at
-    most 1e8 (the one rule: the stage rows and ZeRO-Infinity differ only in ``groups``). A
-    parameter is never split: the embedding, one parameter, stays a group of its own."""
+    most 1e8. A parameter is never split: the embedding, one parameter, stays a group of its own."""
     return int(min(100_000_000, max(1_000_000, n_params // groups)))
 
 
@@ -339,24 +338,16 @@ def short_run_schedule(model: memory.ModelInfo, steps: int) -> dict:
 def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
                   nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1,
                   offload_param: str = "nvme") -> dict:
-    """ZeRO-3 with the optimizer on NVMe, and the parameters too (``offload_param="nvme"``) or
-    kept on the GPU (``"none"``: 2 bytes per parameter of GPU memory, no weight swap buffers in RAM,
-    no weight traffic on the disk), sized for this model and this RAM budget.
-
-    Buffers hold the largest parameter (else "Not enough buffers 0 for swapping 1"), the reuse
-    distance is 0 (a kept parameter keeps its buffer), no prefetch with weights on NVMe (DeepSpeed
-    0.19's NVMe prefetch fills every free swap buffer and a weight it did not foresee finds none),
-    pinned memory is off when RAM is tight, and the optimizer works in sub-groups small enough that
-    its swap buffers fit the RAM budget (:data:`INFINITY_SUB_GROUPS`); the learning rate follows
-    :func:`short_run_schedule`.
-    """
-    tight = environment.ram_budget_bytes < PIN_MEMORY_MIN_RAM
-    return build(stage=3, offload_optimizer="nvme", offload_param=offload_param,
-                 micro_batch=micro_batch, world_size=world_size, trainer=False,
-                 environment=environment, nvme_path=nvme_path, pin_memory=not tight,
-                 largest_param_numel=model.largest_param_numel,
-                 sub_group_size=sub_group_size(model.n_params, INFINITY_SUB_GROUPS),
-                 max_live_parameters=int(1e8),
-                 prefetch_bucket_size=0 if offload_param == "nvme" else int(2e7),
-                 reduce_bucket_size=int(2e7), param_persistence_threshold=int(1e5),
-                 **short_run_schedule(model, steps))
+    """Notebook 06's ZeRO-Infinity config (its lesson function, :func:`taught.zero_infinity_config`)
+    for a model the kit knows by its :class:`~helpers.memory.ModelInfo`: the optimizer on NVMe, and
+    the weights too (``offload_param="nvme"``) or kept on the GPU (``"none"``), in the machine's
+    precision, with :func:`short_run_schedule`'s learning rate, and page-locked buffers only where
+    the RAM budget is roomy (``PIN_MEMORY_MIN_RAM``)."""
+    if offload_param not in ("nvme", "none"):
+        raise ConfigError(f"offload_param must be nvme or none, not {offload_param!r}")
+    schedule = short_run_schedule(model, steps)
+    return taught.zero_infinity_config(
+        model.n_params, model.largest_param_numel, micro_batch, 1, schedule["lr"],
+        schedule["warmup_steps"], environment.precision, offload="nvme",
+        offload_params=offload_param == "nvme", nvme_path=nvme_path,
+        pin_memory=environment.ram_budget_bytes >= PIN_MEMORY_MIN_RAM, world_size=world_size)

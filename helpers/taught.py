@@ -5,6 +5,71 @@ while this file and the notebooks differ). Each cell's imports come along; nothi
 """
 
 
+# ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 10 -------------------------------------------
+def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_steps, precision,
+                         offload="nvme", offload_params=False, nvme_path=None, pin_memory=False,
+                         world_size=1):
+    """ZeRO-3 with the optimizer's states (fp32 weights and Adam's moments, 12 bytes per
+    parameter) on ``offload`` ("nvme" or "cpu"), and the fp16 weights there too with
+    ``offload_params`` (else they stay on the GPU: 2 bytes per parameter, no weight traffic).
+    ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers."""
+    place = {"device": offload,
+             "pin_memory": pin_memory}  # page-locked buffers: faster, but they cost host RAM
+    if offload == "nvme":
+        place["nvme_path"] = str(nvme_path)  # a fast local disk, ~18 bytes per parameter free
+    optimizer_offload = {**place, **({"buffer_count": 4} if offload == "nvme" else {})}
+    param_offload = {"device": "none"}
+    if offload_params:
+        param_offload = dict(place)
+        if offload == "nvme":
+            param_offload.update(buffer_count=5,  # swap buffers for the weights in flight
+                                 buffer_size=int(1.05 * largest),  # each holds the largest tensor
+                                 max_in_cpu=0)  # no weights kept in RAM besides them
+    weights_on_nvme = param_offload["device"] == "nvme"
+    config = {
+        "train_batch_size": micro_batch * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,  # a step averages grad_accum micro-batches
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupLR",  # from a tenth of lr (a first step at 0 is wasted)
+                      "params": {"warmup_min_lr": lr / 10, "warmup_max_lr": lr,
+                                 "warmup_num_steps": warmup_steps, "warmup_type": "linear"}},
+        "fp16": {"enabled": precision == "fp16", "loss_scale": 0,  # 0: dynamic loss scaling
+                 "initial_scale_power": 12,  # 2**12: DeepSpeed's 2**16 overflows at first
+                 "loss_scale_window": 100, "hysteresis": 2, "min_loss_scale": 1},
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": param_offload,
+            "offload_optimizer": optimizer_offload,
+            # the optimizer steps its states a sub-group at a time, each swapped through 4 fp32
+            # buffers as large as the largest group; a group closes once it reaches this size and
+            # a tensor is never split, so the largest tensor (the embedding) is a group of its own
+            # and a 32nd of the model keeps the other groups smaller than it
+            "sub_group_size": min(100_000_000, max(1_000_000, n_params // 32)),
+            "stage3_max_live_parameters": 100_000_000,
+            # with the weights on NVMe, a weight kept for reuse keeps its swap buffer: keep none
+            "stage3_max_reuse_distance": 0 if weights_on_nvme else 100_000_000,
+            # 0 with weights on NVMe: DeepSpeed 0.19 prefetches into every free swap buffer and
+            # can leave none for a weight it did not foresee ("Not enough buffers 0 for swapping 1")
+            "stage3_prefetch_bucket_size": 0 if weights_on_nvme else 20_000_000,
+            "stage3_param_persistence_threshold": 100_000,  # tensors this small stay on the GPU
+            "reduce_bucket_size": 20_000_000,
+            "overlap_comm": world_size > 1,  # reduction beside backward: it pays on several GPUs
+            "contiguous_gradients": True,
+            "stage3_gather_16bit_weights_on_model_save": True,  # save_16bit_model gathers weights
+        },
+        "steps_per_print": 1000000000,
+        "wall_clock_breakdown": False,
+    }
+    if offload == "nvme":  # how DeepSpeed reads and writes the disk (libaio)
+        config["aio"] = {"block_size": 1048576, "queue_depth": 16, "single_submit": False,
+                         "overlap_events": True, "intra_op_parallelism": 2}
+    return config
+
+
 # ---- notebooks/07_engine_and_accelerate.ipynb, cell 16 -------------------------------------------
 def train_step(engine, batch):
     """One optimizer step through DeepSpeed's engine; returns the batch's loss. The kit's own

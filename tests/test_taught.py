@@ -1,5 +1,6 @@
 """One definition: the lesson code the kit's runs call is generated from the notebooks' cells
-tagged "export" (helpers/taught.py), and the runs call it (notebook 07's train_step)."""
+tagged "export" (helpers/taught.py), and the runs call it (notebook 07's train_step, notebook 06's
+zero_infinity_config)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,57 @@ def test_every_measured_run_steps_through_the_lessons_train_step():
     assert seen["calls"] == [["input_ids", "labels"]] * 3
     assert len(seen["losses"]) == 3 and len(seen["optimizer_step_s"]) == 3
     assert seen["grads_bytes"] > 0 and seen["optimizer_bytes"] > 0
+
+
+# ---- notebook 06's ZeRO-Infinity function: the fine-tune's, the ladder's, the sizing's ----------
+
+BIGGEST = ROOT / "notebooks" / "06_biggest_model_on_a_t4.ipynb"
+
+
+def test_the_ladder_the_sizing_and_the_host_table_build_with_notebook_06s_function(monkeypatch):
+    from helpers import config, memory, sizing, taught
+    from helpers import env as kit_env
+    from helpers.lessons import biggest_model
+
+    calls = []
+    lesson_function = taught.zero_infinity_config
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("offload_params"))
+        return lesson_function(*args, **kwargs)
+
+    monkeypatch.setattr(taught, "zero_infinity_config", spy)
+    t4 = config.t4_profile(kit_env.describe())
+    info = memory.ModelInfo.for_shape("tinyllama-1.1b-shaped")
+    config.zero_infinity(info, t4, 4, "/tmp/x", 5, offload_param="none")
+    assert calls == [False]
+    sizing.size(info, t4, 4, 512)
+    assert calls[1:] == [True]
+    biggest_model.host_breakdown_table(["gpt2-124m"], t4, 4, 512, "/tmp/x")
+    assert len(calls) > 2
+
+
+def test_an_edit_to_notebook_06s_function_changes_the_config_the_ladder_runs(tmp_path, monkeypatch):
+    """Notebook 06's cell, edited (4 optimizer swap buffers made 6) and exported: the ladder's
+    config for a rung follows it."""
+    from helpers import config, memory, taught
+    from helpers import env as kit_env
+
+    nb = json.loads(BIGGEST.read_text())
+    cell = next(c for c in nb["cells"] if nbtool.EXPORT_TAG in c["metadata"].get("tags", []))
+    text = nbtool.source(cell)
+    assert text.count('{"buffer_count": 4}') == 1
+    cell["source"] = text.replace('{"buffer_count": 4}', '{"buffer_count": 6}')
+    edited = tmp_path / BIGGEST.name
+    edited.write_text(json.dumps(nb))
+    monkeypatch.setattr(nbtool, "ROOT", tmp_path)
+    rendered = nbtool.render_taught([edited])
+    monkeypatch.undo()
+    namespace: dict = {}
+    exec(compile(rendered, "taught_edited.py", "exec"), namespace)
+    t4 = config.t4_profile(kit_env.describe())
+    info = memory.ModelInfo.for_shape("tinyllama-1.1b-shaped")
+    before = config.zero_infinity(info, t4, 4, "/tmp/x", 5)["zero_optimization"]
+    monkeypatch.setattr(taught, "zero_infinity_config", namespace["zero_infinity_config"])
+    after = config.zero_infinity(info, t4, 4, "/tmp/x", 5)["zero_optimization"]
+    assert (before["offload_optimizer"]["buffer_count"], after["offload_optimizer"]["buffer_count"]) == (4, 6)
