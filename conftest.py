@@ -6,6 +6,8 @@ so everything here is an environment variable set before collection.
 
 import fcntl
 import os
+import shutil
+import tempfile
 
 # Quiet, offline, reproducible kernels: no progress bars, no Hub, no debugger warnings.
 for key, value in {
@@ -27,6 +29,22 @@ helpers.share_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 import pytest
+
+# One NVMe offload folder per pytest process (an xdist worker), unless KIT_OFFLOAD_DIR names one:
+# DeepSpeed names its swap files by rank and tensor, not by run, so a notebook and a lesson script
+# side by side in one folder read or delete each other's (notebook 06 clears its folder when done).
+_OFFLOAD_DIR = None
+if not os.environ.get("KIT_OFFLOAD_DIR"):
+    _OFFLOAD_DIR = os.path.join(tempfile.gettempdir(), f"zero_kit_offload_{os.getpid()}")
+    os.environ["KIT_OFFLOAD_DIR"] = _OFFLOAD_DIR  # made by the first run that needs it
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _remove_own_offload_dir():
+    yield
+    if _OFFLOAD_DIR:
+        shutil.rmtree(_OFFLOAD_DIR, ignore_errors=True)
+
 
 from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too
 

@@ -44,6 +44,15 @@ def compare_checked(original, executed) -> str:
     return ""
 
 
+def kernel_environment(path: Path) -> dict[str, str]:
+    """This process's environment for ``path``'s kernel, with an NVMe offload folder of its own:
+    DeepSpeed names its swap files by rank and tensor, not by run, so two notebooks side by side
+    in one folder would read or delete each other's (notebook 06 clears its folder when done)."""
+    from helpers import env
+
+    return {**os.environ, "KIT_OFFLOAD_DIR": str(env.default_offload_dir() / path.stem)}
+
+
 def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tuple[bool, float, str]:
     """Execute one notebook; write its executed copy (and HTML) to out_dir. Returns (ok, seconds, error)."""
     import nbformat
@@ -56,7 +65,7 @@ def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tup
                             resources={"metadata": {"path": str(path.parent)}})
     start, error = time.perf_counter(), ""
     try:
-        client.execute()
+        client.execute(env=kernel_environment(path))
     except CellExecutionError as err:
         error = f"{err.ename}: {err.evalue}" if getattr(err, "ename", None) else "a cell failed"
     except Exception as err:  # a dead kernel, a timeout: still keep what ran
