@@ -16,6 +16,8 @@ from helpers import config, env, memory, runner
 from helpers.lessons import zero_or_lora as lesson
 
 T4 = env.EMULATIONS["t4"]
+#: LoRA's settings as notebook 09's lesson cell writes them (LORA_SETTINGS), handed to the runs.
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +35,9 @@ def test_lora_params_counts_what_peft_adds(shape):
     from helpers import models
 
     model = get_peft_model(models.build_model(models.model_config(shape)),
-                           LoraConfig(task_type="CAUSAL_LM", **lesson.LORA))
+                           LoraConfig(task_type="CAUSAL_LM", **LORA))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert trained == memory.lora_params(memory.ModelInfo.for_shape(shape), lesson.LORA_RANK) > 0
+    assert trained == memory.lora_params(memory.ModelInfo.for_shape(shape), LORA["r"]) > 0
 
 
 def test_lora_bytes_per_param_is_frozen_fp16_weights_plus_the_adapters_full_states():
@@ -102,7 +104,7 @@ def test_lora_trains_the_largest_model_on_a_t4_and_host_ram_caps_cpu_offload(cpu
         m = lesson.method(name)
         ds = lesson.method_config(m, info, cpu, 4, 20, 1e-4)
         ds["fp16"] = {**ds.get("fp16", {}), "enabled": True}
-        most[name] = lesson.largest_on_t4(m, ds, 4, 512)
+        most[name] = lesson.largest_on_t4(m, ds, 4, 512, lora_rank=LORA["r"] if m.lora else None)
     assert most[lesson.LORA_NAME] > 3 * most[lesson.FULL] > 3 * 3.55e8
     # On free Colab host RAM binds before the T4 does: CPU offload's optimizer (16 bytes per
     # parameter in RAM) caps it below what stage 0 trains on the GPU alone (docs/deepspeed_gaps.md).
@@ -150,7 +152,8 @@ def _run(name, losses, eval_loss=4.0, status=runner.OK, trainable=0, n_params=1_
                               losses=losses, eval_loss=eval_loss, n_params=n_params,
                               n_trainable=trainable or n_params, median_step_s=step_s,
                               peak_host_rss_bytes=2**30)
-    return lesson.MethodRun(lesson.method(name), result, {})
+    return lesson.MethodRun(lesson.method(name), result, {},
+                            lora=dict(LORA) if name == lesson.LORA_NAME else None)
 
 
 def _good_runs():
@@ -413,12 +416,14 @@ def test_a_lora_run_trains_the_adapters_only_and_scores_held_out_text(cpu, tmp_p
 
     folder = models.save_offline_model(tmp_path / "model", "tiny")
     text = data.write_offline_text(tmp_path / "train.txt", 60_000)
-    runs = lesson.run_methods(str(folder), str(text), cpu, 2, 32, 4, 2, 1e-3, 1e-2,
+    four = {**LORA, "r": 4, "lora_alpha": 8}  # the lesson's settings, whatever they say, are run
+    runs = lesson.run_methods(str(folder), str(text), cpu, 2, 32, 4, 2, 1e-3, 1e-2, lora=four,
                               names=[lesson.LORA_NAME], progress=False)
     result = runs[0].result
     assert result.status == runner.OK, result.message
     info = memory.ModelInfo.from_pretrained(str(folder))
-    assert result.n_trainable == memory.lora_params(info, lesson.LORA_RANK)
+    assert runs[0].lora == four and runs[0].lora_rank == 4
+    assert result.n_trainable == memory.lora_params(info, 4) < memory.lora_params(info, 8)
     assert result.n_params == info.n_params + result.n_trainable
     assert result.eval_loss is not None and 0 < result.eval_loss < 20
 
@@ -433,7 +438,7 @@ def test_the_loss_before_training_is_scored_on_the_blocks_every_run_scores(cpu, 
     start = lesson.held_out_before(str(folder), str(text), 32, 2, 2)
     assert start.vocab == memory.ModelInfo.from_pretrained(str(folder)).vocab
     assert not start.pretrained  # freshly initialised: about ln(vocab)
-    runs = lesson.run_methods(str(folder), str(text), cpu, 2, 32, 3, 2, 0.0, 0.0,
+    runs = lesson.run_methods(str(folder), str(text), cpu, 2, 32, 3, 2, 0.0, 0.0, lora=LORA,
                               names=[lesson.LORA_NAME], progress=False)
     assert runs[0].result.status == runner.OK, runs[0].result.message
     assert runs[0].result.eval_loss == pytest.approx(start.eval_loss, abs=1e-5)
@@ -462,7 +467,8 @@ blocks = data.chunk(tok.encode(data.offline_corpus(30_000)), 32)
 dataset = [{"input_ids": b, "labels": b} for b in blocks]
 torch.manual_seed(0)
 model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder),
-                       LoraConfig(task_type="CAUSAL_LM", **zero_or_lora.LORA))
+                       LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16,
+                                  lora_dropout=0.0, target_modules="all-linear"))
 ds = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
       "gradient_accumulation_steps": "auto", "steps_per_print": 10**9,
       "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
@@ -564,3 +570,24 @@ def test_notebook_09s_one_silenced_warning_is_the_one_peft_triggers():
         warnings.simplefilter("always")
         assert model.is_gradient_checkpointing is False
     assert [w for w in seen if w.category is FutureWarning and re.match(pattern, str(w.message))]
+
+
+def test_the_measured_lora_row_runs_the_lesson_cells_settings():
+    """One definition of LoRA's settings: the lesson cell builds its LoraConfig from LORA_SETTINGS
+    and the notebook hands that same dict to the measured runs (an edit to it changes both)."""
+    import ast
+    import json as json_module
+    from pathlib import Path
+
+    import lesson_code
+
+    cell = next(s for s in lesson_code.lesson_sources("09_zero_or_lora") if "get_peft_model" in s)
+    assert "LORA_SETTINGS = {" in cell
+    assert 'LoraConfig(task_type="CAUSAL_LM", **LORA_SETTINGS)' in cell
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "09_zero_or_lora.ipynb"
+    calls = [node for c in json_module.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"
+             for node in ast.walk(ast.parse("".join(c["source"])))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "run_methods"]
+    assert len(calls) == 1
+    given = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
+    assert given.get("lora") == "LORA_SETTINGS", given

@@ -22,11 +22,6 @@ from helpers import env as kit_env
 from helpers.lessons import stages_and_offload as offload
 from helpers.show import GiB, Table
 
-#: LoRA's settings in every measured run (PEFT's LoraConfig arguments): rank 8 on every linear
-#: layer of the blocks, no dropout (dropout would make the runs' losses depend on its draws).
-LORA_RANK = 8
-LORA = {"r": LORA_RANK, "lora_alpha": 2 * LORA_RANK, "lora_dropout": 0.0,
-        "target_modules": "all-linear"}
 #: ZenFlow's settings (DeepSpeed's docs, synchronous: no overlap process): 5% of each matrix's
 #: gradient columns (the largest) updated on the GPU every step, the rest by CPU Adam every 4th
 #: (the columns chosen again every 4th step: DeepSpeed wants select_interval >= update_interval).
@@ -65,7 +60,7 @@ FP16_MASTER = "ZeRO-2 + CPU offload, fp16 master weights"
 
 #: Every method, in the order the tables show them.
 METHODS: list[Method] = [
-    Method(LORA_NAME, f"adapters (rank {LORA_RANK})", {"stage": 0},
+    Method(LORA_NAME, "adapters", {"stage": 0},
            "you adapt a pretrained model and its fp16 weights fit on the GPU: least memory, "
            "a checkpoint of megabytes", lora=True),
     Method(FULL, "every weight", {"stage": 0},
@@ -121,12 +116,19 @@ def method_config(m: Method, model: memory.ModelInfo, environment: kit_env.Envir
 
 @dataclass
 class MethodRun:
-    """One method's run: what ran (its config and spec), what came back, what was predicted."""
+    """One method's run: what ran (its config, and for LoRA the lesson's settings: PEFT's
+    LoraConfig arguments), what came back, what was predicted."""
 
     method: Method
     result: runner.RunResult
     ds_config: dict | None = None
     estimate: memory.Estimate | None = None
+    lora: dict | None = None
+
+    @property
+    def lora_rank(self) -> int | None:
+        """The adapters' rank this run trained (None: not a LoRA run)."""
+        return int(self.lora["r"]) if self.lora else None
 
 
 @dataclass(frozen=True)
@@ -174,9 +176,9 @@ def held_out_before(model_path: str, text_path: str, seq_len: int, micro_batch: 
     return Start(loss, vocab)
 
 
-def lora_trainable(model: memory.ModelInfo) -> int:
-    """The parameters :data:`LORA`'s adapters add to ``model`` (helpers.memory.lora_params)."""
-    return memory.lora_params(model, LORA_RANK)
+def lora_trainable(model: memory.ModelInfo, rank: int) -> int:
+    """The parameters LoRA's adapters of ``rank`` add to ``model`` (helpers.memory.lora_params)."""
+    return memory.lora_params(model, rank)
 
 
 def _not_run(m: Method, environment: kit_env.Environment, ds: dict, info: memory.ModelInfo,
@@ -195,12 +197,15 @@ def _not_run(m: Method, environment: kit_env.Environment, ds: dict, info: memory
 
 def run_methods(model_path: str, text_path: str, environment: kit_env.Environment,
                 micro_batch: int, seq_len: int, steps: int, eval_batches: int, lr: float,
-                lora_lr: float, grad_ckpt: bool = True, names: list[str] | None = None,
+                lora_lr: float, lora: dict, grad_ckpt: bool = True, names: list[str] | None = None,
                 progress: bool = True) -> list[MethodRun]:
     """Every method (or those ``names``) on the same model folder, text, seed and tokens, each in
     a fresh subprocess (helpers.runner), scored on the text's held-out tenth afterwards; each
     predicted by the estimator too (``grad_ckpt``: activation checkpointing, as the lesson's
-    GRAD_CKPT). A method that cannot run here is a row saying why."""
+    GRAD_CKPT). The LoRA row trains adapters with ``lora``, the lesson's own settings (PEFT's
+    LoraConfig arguments, ``r`` among them). A method that cannot run here is a row saying why."""
+    if "r" not in lora:
+        raise ValueError(f"lora holds PEFT's LoraConfig arguments, the rank 'r' among them: {lora!r}")
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.from_pretrained(model_path)
@@ -210,16 +215,18 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
         ds = method_config(m, info, environment, micro_batch, steps, lora_lr if m.lora else lr)
         est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len,
                               grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu,
-                              trainable=lora_trainable(info) if m.lora else None)
+                              trainable=lora_trainable(info, lora["r"]) if m.lora else None)
+        settings = dict(lora) if m.lora else None
         why = _not_run(m, environment, ds, info, micro_batch, seq_len)
         if why:
-            out.append(MethodRun(m, runner.RunResult(m.name, runner.NOT_TRIED, why), ds, est))
+            out.append(MethodRun(m, runner.RunResult(m.name, runner.NOT_TRIED, why), ds, est,
+                                 settings))
             continue
         spec = runner.RunSpec(ds_config=ds, model_path=model_path, text_path=text_path,
                               seq_len=seq_len, steps=steps,
                               grad_ckpt=grad_ckpt, label=m.name, eval_batches=eval_batches,
-                              lora=dict(LORA) if m.lora else None)
-        out.append(MethodRun(m, diverged_in_fp16(m, runner.measure(spec), ds), ds, est))
+                              lora=settings)
+        out.append(MethodRun(m, diverged_in_fp16(m, runner.measure(spec), ds), ds, est, settings))
     return out
 
 
@@ -335,14 +342,17 @@ def same_training_claim(plain: list[float], zero3: list[float],
 # ---- the largest model each method trains on a T4 -----------------------------------------------
 
 
-def _t4_estimate(m: Method, ds: dict, n: int, micro_batch: int, seq_len: int) -> memory.Estimate:
+def _t4_estimate(m: Method, ds: dict, n: int, micro_batch: int, seq_len: int,
+                 lora_rank: int | None = None) -> memory.Estimate:
     info = memory.ModelInfo.from_count(n)
+    if m.lora and not lora_rank:
+        raise ValueError(f"{m.name}: the adapters' rank is needed to size it")
     return memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=True,
-                           trainable=lora_trainable(info) if m.lora else None)
+                           trainable=lora_trainable(info, lora_rank) if m.lora else None)
 
 
 def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int,
-                  ram_budget_bytes: int | None = None) -> int:
+                  ram_budget_bytes: int | None = None, lora_rank: int | None = None) -> int:
     """The most parameters (a GPT-2-like shape of that count, helpers.memory.ModelInfo.from_count)
     for which the estimator says ``m``'s config "fits" a free Colab T4: the GPU under the T4's cap
     and host RAM under what a run started from a typical kernel has (12.7 GB less the VM's and the
@@ -351,7 +361,7 @@ def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int,
     ram = t4.ram_budget_bytes if ram_budget_bytes is None else ram_budget_bytes
 
     def fits(n: int) -> bool:
-        est = _t4_estimate(m, ds, n, micro_batch, seq_len)
+        est = _t4_estimate(m, ds, n, micro_batch, seq_len, lora_rank)
         return (memory.verdict(est.total("gpu"), t4.gpu_cap_bytes) == memory.FITS
                 and memory.verdict(est.total("cpu"), ram) == memory.FITS)
 
@@ -375,7 +385,8 @@ def _as_on_t4(ds: dict) -> dict:
 def largest_models(runs: list[MethodRun], micro_batch: int, seq_len: int) -> dict[str, int]:
     """{method: the largest parameter count it trains on a T4} (:func:`largest_on_t4`), with the
     config each method ran with here, in fp16 as on a T4."""
-    return {r.method.name: largest_on_t4(r.method, _as_on_t4(r.ds_config), micro_batch, seq_len)
+    return {r.method.name: largest_on_t4(r.method, _as_on_t4(r.ds_config), micro_batch, seq_len,
+                                         lora_rank=r.lora_rank)
             for r in runs if r.ds_config is not None}
 
 
@@ -520,7 +531,8 @@ def decision_table(runs: list[MethodRun], largest: dict[str, int],
         res, ran = r.result, r.result.status == runner.OK
         gpu = show.gib(res.peak_gpu_allocated_bytes) if environment.has_gpu and ran else "-"
         most = largest.get(r.method.name, 0)
-        rows.append((r.method.name if ran else f"{r.method.name} ({res.status})", r.method.trains,
+        trains = f"{r.method.trains} (rank {r.lora_rank})" if r.lora_rank else r.method.trains
+        rows.append((r.method.name if ran else f"{r.method.name} ({res.status})", trains,
                      gpu, show.gib(res.peak_host_rss_bytes or None) if ran else "-",
                      show.seconds(res.median_step_s) if ran else "-", _eval_cell(res, start),
                      f"{most / 1e9:.2f}B" if most else "none", r.method.pick_when))
