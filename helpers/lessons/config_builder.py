@@ -235,7 +235,8 @@ def prediction_takeaways(model: memory.ModelInfo, environment: kit_env.Environme
              f"{gpu_of({'stage': 2, 'offload_optimizer': 'cpu'}):.2f} at stage 2 with CPU offload."]
     if measured is not None and measured.status == runner.OK:
         peak = measured.peak_gpu_allocated_bytes if environment.has_gpu else measured.peak_host_rss_bytes
-        lines.append(f"Measured in a fresh process: stage 2 peaked at {peak / GiB:.2f} GiB of {place}.")
+        lines.append(f"Measured in a fresh process, the lesson's config ({measured.label}): peaked at "
+                     f"{peak / GiB:.2f} GiB of {place}.")
     lines.append("Next: 04 · ZeRO-2 training: the Trainer code that uses such a config.")
     return lines
 
