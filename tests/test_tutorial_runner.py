@@ -72,3 +72,32 @@ def test_real_model_notebooks_take_turns_and_others_do_not_wait(tmp_path):
         with open(lock, "w") as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_each_notebooks_kernel_gets_an_nvme_folder_of_its_own(tmp_path, monkeypatch):
+    """Two notebooks side by side must not share DeepSpeed's swap files (named by rank and tensor,
+    not by run): each kernel's KIT_OFFLOAD_DIR is its own folder under the kit's offload folder."""
+    monkeypatch.setenv("KIT_OFFLOAD_DIR", str(tmp_path / "offload"))
+    code = "import os; print(os.environ['KIT_OFFLOAD_DIR'])"
+    paths = [_notebook(tmp_path / f"{name}.ipynb", [code]) for name in ("a_one", "b_two")]
+    out = tmp_path / "build"
+    assert run_tutorial.main([*map(str, paths), "--out", str(out), "--jobs", "2"]) == 0
+    seen = {p.stem: nbformat.read(out / p.name, as_version=4).cells[0].outputs[0]["text"].strip()
+            for p in paths}
+    assert seen == {"a_one": str(tmp_path / "offload" / "a_one"),
+                    "b_two": str(tmp_path / "offload" / "b_two")}
+
+
+def test_this_pytest_process_has_an_nvme_folder_of_its_own():
+    """conftest.py: each pytest process (an xdist worker) its own offload folder, unless one was
+    named before the run (a GPU session's lane names one)."""
+    import os
+    import tempfile
+
+    import conftest
+
+    if conftest._OFFLOAD_DIR is None:  # named from outside: left as it was
+        assert os.environ["KIT_OFFLOAD_DIR"]
+    else:
+        assert os.environ["KIT_OFFLOAD_DIR"] == conftest._OFFLOAD_DIR == os.path.join(
+            tempfile.gettempdir(), f"zero_kit_offload_{os.getpid()}")
