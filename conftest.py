@@ -30,20 +30,21 @@ helpers.share_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 import pytest
 
-# One NVMe offload folder per pytest process (an xdist worker), unless KIT_OFFLOAD_DIR names one:
-# DeepSpeed names its swap files by rank and tensor, not by run, so a notebook and a lesson script
-# side by side in one folder read or delete each other's (notebook 06 clears its folder when done).
-_OFFLOAD_DIR = None
-if not os.environ.get("KIT_OFFLOAD_DIR"):
-    _OFFLOAD_DIR = os.path.join(tempfile.gettempdir(), f"zero_kit_offload_{os.getpid()}")
-    os.environ["KIT_OFFLOAD_DIR"] = _OFFLOAD_DIR  # made by the first run that needs it
+# One NVMe offload folder per pytest process (each xdist worker), under the folder KIT_OFFLOAD_DIR
+# named before the run (a GPU session's lane) or the temp disk: DeepSpeed names its swap files by
+# rank and tensor, not by run, so a notebook and a lesson script side by side in one folder read or
+# delete each other's (notebook 06 clears its folder when done). The base travels in its own
+# variable: xdist's workers inherit the controller's environment, KIT_OFFLOAD_DIR included.
+_BASE = (os.environ.get("ZERO_KIT_OFFLOAD_BASE") or os.environ.get("KIT_OFFLOAD_DIR")
+         or tempfile.gettempdir())
+os.environ["ZERO_KIT_OFFLOAD_BASE"] = _BASE
+_OFFLOAD_DIR = os.environ["KIT_OFFLOAD_DIR"] = os.path.join(_BASE, f"zero_kit_offload_{os.getpid()}")
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _remove_own_offload_dir():
     yield
-    if _OFFLOAD_DIR:
-        shutil.rmtree(_OFFLOAD_DIR, ignore_errors=True)
+    shutil.rmtree(_OFFLOAD_DIR, ignore_errors=True)  # made by the first run that needed it
 
 
 from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too

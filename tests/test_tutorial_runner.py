@@ -89,15 +89,11 @@ def test_each_notebooks_kernel_gets_an_nvme_folder_of_its_own(tmp_path, monkeypa
 
 
 def test_this_pytest_process_has_an_nvme_folder_of_its_own():
-    """conftest.py: each pytest process (an xdist worker) its own offload folder, unless one was
-    named before the run (a GPU session's lane names one)."""
+    """conftest.py: each pytest process (each xdist worker, which inherits the controller's
+    environment) its own offload folder, under the one named before the run or the temp disk."""
     import os
-    import tempfile
 
     import conftest
 
-    if conftest._OFFLOAD_DIR is None:  # named from outside: left as it was
-        assert os.environ["KIT_OFFLOAD_DIR"]
-    else:
-        assert os.environ["KIT_OFFLOAD_DIR"] == conftest._OFFLOAD_DIR == os.path.join(
-            tempfile.gettempdir(), f"zero_kit_offload_{os.getpid()}")
+    assert os.environ["KIT_OFFLOAD_DIR"] == conftest._OFFLOAD_DIR == os.path.join(
+        os.environ["ZERO_KIT_OFFLOAD_BASE"], f"zero_kit_offload_{os.getpid()}")
