@@ -354,6 +354,21 @@ def largest_sub_group_numel(model: ModelInfo, sub_group_size: int, world_size: i
     return max(largest, current)
 
 
+def without_embedding(model: ModelInfo) -> ModelInfo:
+    """The part of ``model`` that trains with its input embedding frozen (a head tied to it goes
+    with it): its parameters less the embedding's vocabulary x width, and the parameter list ZeRO-3
+    groups into optimizer sub-groups without it (where it had one)."""
+    import dataclasses
+
+    embedding = model.vocab * model.hidden
+    numels = list(model.param_numels)
+    if embedding in numels:
+        numels.remove(embedding)
+    largest = max(numels, default=max(model.intermediate, model.hidden) * model.hidden)
+    return dataclasses.replace(model, n_params=model.n_params - embedding, largest_param_numel=largest,
+                               largest_module_numel=0, param_numels=tuple(numels))
+
+
 def _kv_heads(config, heads: int) -> int:
     """Key/value heads as each family's config spells them: ``num_key_value_heads`` (Llama, Qwen),
     ``num_kv_heads`` (Falcon's new architecture), one for Falcon's older multi-query models."""
@@ -524,6 +539,7 @@ def estimate(
     zero_init: bool = False,
     sliced_overflow_check: bool = True,
     trainable: int | None = None,
+    frozen_embeddings: bool = False,
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
@@ -541,6 +557,8 @@ def estimate(
     the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
     ``trainable``: how many parameters train (LoRA's adapters; None: all of them): gradients,
     optimizer states and their buffers count only those (:func:`model_states`).
+    ``frozen_embeddings``: the input embedding (and a head tied to it) does not train: it leaves
+    the trained count and the optimizer's sub-groups (:func:`without_embedding`).
 
     The micro batch and the world size come from ``config`` where it has them in numbers (else 4
     and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
@@ -553,6 +571,9 @@ def estimate(
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     w = HALF if _half(config) else FP32
+    grouped = without_embedding(model) if frozen_embeddings else model  # what the optimizer holds
+    if frozen_embeddings and trainable is None:
+        trainable = grouped.n_params
     t = p if trainable is None else trainable
     states = model_states(model, config, world_size, trainable)
     est = Estimate()
@@ -578,7 +599,7 @@ def estimate(
     if stage == 3 and (host_opt or host_par):
         est.add("cpu", "grads", t * w / n)  # ZeRO-3's flat gradient partition on the host (fp16)
         if sliced_overflow_check and host_opt == "nvme":
-            group = largest_sub_group_numel(model, int(zero.get("sub_group_size", 1e9)), world_size)
+            group = largest_sub_group_numel(grouped, int(zero.get("sub_group_size", 1e9)), world_size)
             step = STEP_SUB_GROUP_BYTES * group
         elif sliced_overflow_check:
             step = max(SLICED_STEP_BYTES * t / n, SLICED_STEP_FLOOR)
@@ -598,7 +619,7 @@ def estimate(
         # DeepSpeed's optimizer swapper: buffer_count page-locked fp32 buffers, each as large as
         # the largest sub-group (whatever pin_memory says), so a big embedding sets their size
         opt_cfg = zero.get("offload_optimizer") or {}
-        group = largest_sub_group_numel(model, int(zero.get("sub_group_size", 1e9)), world_size)
+        group = largest_sub_group_numel(grouped, int(zero.get("sub_group_size", 1e9)), world_size)
         est.add("cpu", "optimizer swap buffers",
                 int(opt_cfg.get("buffer_count", 4)) * group * FP32)
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):

@@ -72,6 +72,8 @@ class RunSpec:
     text_path: str | None = None  # a text file to train on; None: the kit's offline corpus
     lora: dict | None = None  # LoraConfig's arguments: train PEFT adapters, the model frozen
     eval_batches: int = 0  # held-out batches (the text's last tenth) scored after training
+    # the input embedding (and an LM head tied to it) frozen: no gradient, no optimizer state
+    freeze_embeddings: bool = False
 
     def __post_init__(self) -> None:
         """A config that gives no micro batch in numbers ("auto" is the Trainer's to fill) cannot
@@ -323,7 +325,19 @@ def prepared_model(spec: RunSpec, model_config=None):
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     if spec.lora:
         model = with_lora(model, spec.lora, spec.grad_ckpt)
+    if spec.freeze_embeddings:
+        freeze_embeddings(model)
     return model, tokenizer
+
+
+def freeze_embeddings(model) -> int:
+    """Freeze ``model``'s input embedding (an LM head tied to it is the same tensor, frozen with it);
+    returns the elements frozen. A frozen tensor gets no gradient and the optimizer, given only the
+    trainable ones, no states for it: under ZeRO-3 it enters neither the host's gradient buffer nor
+    the NVMe swap buffers, which are as large as the largest trained tensor."""
+    weight = model.get_input_embeddings().weight
+    weight.requires_grad_(False)
+    return int(getattr(weight, "ds_numel", weight.numel()))
 
 
 def with_lora(model, lora: dict, grad_ckpt: bool = False):

@@ -1,6 +1,7 @@
 """helpers.lessons.biggest_model: the derived NVMe config, the disk refusal, the ladder's bookkeeping."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -136,7 +137,8 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
               for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]
     ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
     spec = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 4,
-                                     "zero_optimization": {"stage": 3, "sub_group_size": 10**6}},
+                                     "zero_optimization": {"stage": 3, "sub_group_size": 10**6,
+                                                           "offload_param": {"device": "nvme"}}},
                           shape="gpt2-124m")
     rungs = [biggest_model.Rung("gpt2-124m", "ZeRO-3 + NVMe", ran, 124_000_000, spec=spec),
              biggest_model.Rung("gpt2-124m", "stage 0 (no ZeRO)", ran, 124_000_000),
@@ -336,3 +338,53 @@ def test_the_gpu_finetune_part_resumes_from_the_kept_weights_and_checks_it():
     assert [s for s in sources if s.startswith("## ")][-1].startswith(gpu_finetune.COLAB_LIFE_HEADING)
     assert any("resumed_loss = train_step(" in s for s in sources)
     assert "lesson.resume_claim(" in sources[-1] and "finetune_claims" in sources[-1]
+
+
+def test_a_frozen_embedding_leaves_the_gradient_buffer_and_the_swap_buffers():
+    """The 3B lever: frozen, the 394M-element embedding trains no more, so the host's fp16 gradient
+    partition counts the rest and the optimizer's swap buffers the largest sub-group without it.
+    An estimate that ignored the freeze (the same figures) fails here."""
+    gpu = _gpu_t4()
+    info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")
+    rung = _ran("llama-3.2-3b-shaped", biggest_model.NVME_OPTIMIZER, 0, 0, runner.KILLED_RAM)
+    whole = biggest_model.rung_estimate(rung, gpu).parts["cpu"]
+    rung.spec.freeze_embeddings = True
+    frozen = biggest_model.rung_estimate(rung, gpu).parts["cpu"]
+    embedding = biggest_model.embedding_numel(info)
+    assert embedding == info.largest_param_numel
+    assert frozen["grads"] == whole["grads"] - 2 * embedding
+    sub_group = rung.spec.ds_config["zero_optimization"]["sub_group_size"]
+    assert frozen["optimizer swap buffers"] <= 4 * 4 * (sub_group + info.largest_param_numel // 10)
+    assert frozen["optimizer swap buffers"] < whole["optimizer swap buffers"] / 3
+    # a bare count (no parameter list) loses the embedding too
+    bare = dataclasses.replace(info, param_numels=())
+    assert memory.without_embedding(bare).n_params == info.n_params - embedding
+    assert memory.without_embedding(bare).largest_param_numel < embedding
+
+
+def test_a_frozen_embedding_needs_less_disk_and_a_lever_named_method_is_still_nvme(tmp_path):
+    info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")
+    trained = info.n_params - biggest_model.embedding_numel(info)
+    assert biggest_model.nvme_bytes_needed(info, False, frozen_embeddings=True) == int(16.0 * trained)
+    assert (biggest_model.nvme_bytes_needed(info, True, frozen_embeddings=True)
+            == int(18.2 * trained + 2 * biggest_model.embedding_numel(info)))
+    assert biggest_model.is_nvme(f"{biggest_model.NVME_OPTIMIZER}, embedding frozen")
+    assert not biggest_model.is_nvme("ZeRO-2 + CPU offload")
+    on_gpu = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)
+    on_nvme = _ran("smollm2-1.7b-shaped", biggest_model.NVME, 4.63, 7.52)
+    assert not biggest_model.weights_on_nvme(on_gpu) and biggest_model.weights_on_nvme(on_nvme)
+    whole = biggest_model.predicted_nvme_step_s(XL, 1000.0, 1000.0, weights_on_nvme=False)
+    assert biggest_model.predicted_nvme_step_s(XL, 1000.0, 1000.0, weights_on_nvme=False,
+                                               trained=XL.n_params // 2) == pytest.approx(whole / 2)
+
+
+def test_the_ladder_runs_a_method_that_freezes_the_embedding_with_it_frozen(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(runner, "measure", lambda spec: seen.append(spec) or runner.RunResult(
+        spec.label, runner.OK, losses=[10.8, 10.0], steps_done=2, median_step_s=1.0))
+    monkeypatch.setattr(biggest_model, "METHODS", [(biggest_model.NVME_OPTIMIZER + ", embedding frozen",
+                                                   {"stage": 3, "offload_optimizer": "nvme",
+                                                    "freeze_embeddings": True})])
+    biggest_model.run_ladder(["mini"], env.describe(), 2, 32, 2, tmp_path, True, None)
+    assert [s.freeze_embeddings for s in seen] == [True]
+    assert "freeze_embeddings" not in json.dumps(seen[0].ds_config)

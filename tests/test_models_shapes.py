@@ -329,3 +329,23 @@ def test_a_second_run_waits_for_the_first_writer_of_a_stand_in_and_does_not_pret
     found.append(models.resolve_model(None, tmp_path, "llama-mini", pretrain_steps=100)[0])
     first.join(10)
     assert written == ["llama-mini"] and len(found) == 2 and found[0] == found[1]
+
+
+def test_a_run_with_the_embedding_frozen_trains_everything_else_and_learns():
+    """The 3B lever on the CPU: the tied embedding (and so the head) frozen, the rest trained at
+    ZeRO-3; a run that froze nothing, or everything, fails the count."""
+    ds = config.build(stage=3, trainer=False, precision="fp32", pin_memory=False, micro_batch=2, lr=1e-2)
+    spec = runner.RunSpec(ds_config=ds, shape="llama-tiny", steps=4, force_cpu=True, freeze_embeddings=True)
+    result = runner.measure(spec)
+    info = memory.ModelInfo.for_shape("llama-tiny")
+    assert result.status == runner.OK, result.message
+    assert result.n_trainable == info.n_params - info.vocab * info.hidden > 0
+    assert claims.loss_falls(result.losses), result.losses
+
+
+def test_freezing_the_embedding_freezes_a_tied_head_with_it():
+    model = models.build_model(models.model_config("llama-tiny"))
+    frozen = runner.freeze_embeddings(model)
+    assert frozen == model.get_input_embeddings().weight.numel()
+    assert not model.get_output_embeddings().weight.requires_grad
+    assert all(p.requires_grad for n, p in model.named_parameters() if "embed" not in n)

@@ -37,24 +37,42 @@ METHODS: list[tuple[str, dict]] = [
 
 def is_nvme(method: str) -> bool:
     """Whether a ladder method offloads to NVMe (ZeRO-Infinity: either of the two)."""
-    return method in (NVME, NVME_OPTIMIZER)
+    return method.startswith(NVME)  # either, and either with a lever named after it
 
 
-def nvme_bytes_needed(model: memory.ModelInfo, weights_on_nvme: bool = True) -> int:
-    """Disk the NVMe files will take (measured bytes per parameter), before the safety margin."""
+def weights_on_nvme(rung: "Rung") -> bool:
+    """Whether the rung's config put the fp16 weights on NVMe (not kept on the GPU)."""
+    zero = (rung.spec.ds_config if rung.spec else {}).get("zero_optimization", {})
+    return (zero.get("offload_param") or {}).get("device") == "nvme"
+
+
+def embedding_numel(model: memory.ModelInfo) -> int:
+    """Elements of the model's input embedding (vocabulary x width): what freezing it takes out of
+    training (an LM head tied to it is the same tensor)."""
+    return model.vocab * model.hidden
+
+
+def nvme_bytes_needed(model: memory.ModelInfo, weights_on_nvme: bool = True,
+                      frozen_embeddings: bool = False) -> int:
+    """Disk the NVMe files will take (measured bytes per parameter), before the safety margin.
+    With the embedding frozen its optimizer states and gradients take none (its fp16 weights, on
+    NVMe, 2 bytes a parameter, still do)."""
     per_param = NVME_BYTES_PER_PARAM if weights_on_nvme else NVME_OPTIMIZER_BYTES_PER_PARAM
-    return int(per_param * model.n_params)
+    frozen = embedding_numel(model) if frozen_embeddings else 0
+    kept = 2 * frozen if weights_on_nvme else 0
+    return int(per_param * (model.n_params - frozen) + kept)
 
 
 def check_disk(model: memory.ModelInfo, path: str | os.PathLike, margin: float = DISK_MARGIN,
-               weights_on_nvme: bool = True) -> int:
+               weights_on_nvme: bool = True, frozen_embeddings: bool = False) -> int:
     """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files; returns the bytes free."""
-    need = int(nvme_bytes_needed(model, weights_on_nvme) * margin)
+    files = nvme_bytes_needed(model, weights_on_nvme, frozen_embeddings)
+    need = int(files * margin)
     free = kit_env.disk_free_bytes(Path(path))
     if free < need:
         raise kit_env.KitSetupError(
             f"NVMe offload of {model.name or 'this model'} ({model.n_params / 1e9:.2f}B parameters) needs about "
-            f"{need / 1e9:.1f} GB at {path} ({nvme_bytes_needed(model, weights_on_nvme) / 1e9:.1f} GB of files + {margin - 1:.0%} margin), "
+            f"{need / 1e9:.1f} GB at {path} ({files / 1e9:.1f} GB of files + {margin - 1:.0%} margin), "
             f"but only {free / 1e9:.1f} GB are free there: free some space or point nvme_path at a bigger local disk.")
     return free
 
@@ -91,13 +109,15 @@ def disk_bandwidth(path: str | os.PathLike, megabytes: int = 256) -> tuple[float
 
 
 def predicted_nvme_step_s(model: memory.ModelInfo, write_mb_s: float, read_mb_s: float,
-                          weights_on_nvme: bool = True, micro_batches: int = 1) -> float:
-    """A lower bound on an optimizer step's time: the optimizer states (12 B/param) read and
-    written once per step, and with the weights on NVMe the fp16 parameters (2 B/param) read twice
-    (forward and backward) for each of the step's ``micro_batches``."""
+                          weights_on_nvme: bool = True, micro_batches: int = 1,
+                          trained: int | None = None) -> float:
+    """A lower bound on an optimizer step's time: the optimizer states (12 B per ``trained``
+    parameter; None: all) read and written once per step, and with the weights on NVMe the fp16
+    parameters (2 B/param) read twice (forward and backward) for each of the step's
+    ``micro_batches``."""
     p = model.n_params
     weights = (4 * p / 1e6) / read_mb_s * micro_batches if weights_on_nvme else 0.0
-    return (12 * p / 1e6) * (1 / read_mb_s + 1 / write_mb_s) + weights
+    return (12 * (trained or p) / 1e6) * (1 / read_mb_s + 1 / write_mb_s) + weights
 
 
 @dataclass
@@ -131,6 +151,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
         info = memory.ModelInfo.for_shape(shape)
+        frozen = bool(choice.get("freeze_embeddings"))  # a method may train all but the embedding
+        choice = {k: v for k, v in choice.items() if k != "freeze_embeddings"}
         skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why),
                                                      info.n_params, ram_limit_bytes))
         if method in stopped and not (shape == headline and choice["stage"] == 0):
@@ -151,7 +173,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                 skip(runner.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
                 continue
             try:
-                check_disk(info, nvme_path, weights_on_nvme=choice.get("offload_param") == "nvme")
+                check_disk(info, nvme_path, weights_on_nvme=choice.get("offload_param") == "nvme",
+                           frozen_embeddings=frozen)
             except kit_env.KitSetupError as err:
                 skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
@@ -163,7 +186,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                               pin_memory=False, **config.short_run_schedule(info, steps))
         spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
-                             zero_init=choice["stage"] == 3, timeout_s=3600)
+                             zero_init=choice["stage"] == 3, timeout_s=3600, freeze_embeddings=frozen)
         result = runner.measure(spec)
         rungs.append(Rung(shape, method, result, info.n_params, ram_limit_bytes, spec))
         if result.status == runner.OK:
@@ -279,7 +302,8 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
         if not is_nvme(r.method) or r.result.status != runner.OK:
             continue
         info = memory.ModelInfo.for_shape(r.shape)
-        bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=r.method == NVME)
+        bound = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=weights_on_nvme(r),
+                                      trained=r.result.n_trainable or None)
         step = r.result.median_step_s
         peaks = phase_peaks(r.result)
         rows.append((r.shape, f"{r.n_params / 1e6:,.0f}M", r.method.removeprefix("ZeRO-3 + "),
@@ -299,7 +323,8 @@ def rung_estimate(rung: Rung, environment: kit_env.Environment) -> memory.Estima
         return None
     return memory.estimate(memory.ModelInfo.for_shape(rung.shape), spec.ds_config,
                            seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt,
-                           on_gpu=environment.has_gpu, zero_init=spec.zero_init)
+                           on_gpu=environment.has_gpu, zero_init=spec.zero_init,
+                           frozen_embeddings=spec.freeze_embeddings)
 
 
 def rung_verdict(rung: Rung, environment: kit_env.Environment) -> str | None:
@@ -401,7 +426,8 @@ def throughput_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float,
         if not is_nvme(r.method) or r.result.status != runner.OK or not r.result.median_step_s:
             continue
         info = memory.ModelInfo.for_shape(r.shape)
-        fixed = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=False)
+        fixed = predicted_nvme_step_s(info, write_mb_s, read_mb_s, weights_on_nvme=False,
+                                      trained=r.result.n_trainable or None)
         per_micro = max(r.result.median_step_s - fixed, 0.0)
         tokens = r.spec.micro_batch * r.spec.seq_len
         cells = []
