@@ -1,5 +1,5 @@
-"""DeepSpeed configs: build from plain choices, explain in words, save and load, presets; the stage
-and offload rows every comparison runs (:data:`STAGE_ROWS`, :func:`for_row`) and ZeRO-Infinity's
+"""DeepSpeed configs: build from plain choices, explain in words, save and load, presets; notebook
+05's stage and offload rows (:func:`lesson_row_configs`, :data:`STAGE_ROWS`, :func:`for_row`) and ZeRO-Infinity's
 config sized for a model and a RAM budget (:func:`zero_infinity`). Checking lives in
 helpers.config_check (``check``, ``Problem`` and ``ConfigError`` are used from here too).
 """
@@ -257,17 +257,15 @@ def t4_profile(environment: kit_env.Environment) -> kit_env.Environment:
 
 # ---- the stage and offload rows, and ZeRO-Infinity's config --------------------------------------
 
-#: The stage and offload rows notebooks 03 and 05 compare (and the ZeRO picture, the sizing table,
-#: the memory grid and the calibration tool), as :func:`build` arguments.
-STAGE_ROWS: list[tuple[str, dict]] = [
-    ("stage 0", {"stage": 0}),
-    ("stage 1", {"stage": 1}),
-    ("stage 2", {"stage": 2}),
-    ("stage 3", {"stage": 3}),
-    ("stage 2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
-    ("stage 3 + CPU offload", {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}),
-    ("stage 3 + NVMe offload", {"stage": 3, "offload_optimizer": "nvme", "offload_param": "nvme"}),
-]
+def lesson_row_configs(micro_batch: int, precision: str,
+                       offload_dir: str | os.PathLike = "offload") -> dict[str, dict]:
+    """Notebook 05's row configs, label: engine config, built by its lesson cell's own functions
+    (:func:`taught.stage0_config`, :func:`taught.zero_rows`, :func:`taught.row_config`): what its
+    matrix and ``python -m helpers matrix`` run."""
+    base = taught.stage0_config(micro_batch, precision)
+    return {label: taught.row_config(base, zero)
+            for label, zero in taught.zero_rows(str(offload_dir)).items()}
+
 
 def row_choice(zero: dict) -> dict:
     """The :func:`build` arguments a ``zero_optimization`` block asks for, as :data:`STAGE_ROWS`
@@ -278,6 +276,13 @@ def row_choice(zero: dict) -> dict:
         if device != "none":
             choice[key] = device
     return choice
+
+
+#: Notebook 05's rows as :func:`build` arguments, read from its lesson cell's ``zero_rows`` (their
+#: stage and offload devices; :func:`for_row` adds the kit's tuning): the rows notebook 03's sizing
+#: table, the ZeRO picture of notebook 04, the memory grid and the calibration tool predict.
+STAGE_ROWS: list[tuple[str, dict]] = [(label, row_choice(zero))
+                                      for label, zero in taught.zero_rows("offload").items()]
 
 
 def overlaid(base: dict, over: dict) -> dict:
@@ -314,6 +319,22 @@ def for_row(choice: dict, model: memory.ModelInfo, environment: kit_env.Environm
                     sub_group_size=sub_group_size(model.n_params, ROW_SUB_GROUPS),
                     initial_scale_power=SHORT_RUN_SCALE_POWER)
     return build(**choice, **{**settings, **overrides})
+
+
+def tuned_row(written: dict, model: memory.ModelInfo, environment: kit_env.Environment | None,
+              micro_batch: int, world_size: int = 1) -> dict:
+    """The config a row of notebook 05 runs with: ``written`` (a learner's engine config) as it is,
+    over the kit's tuning for its stage and offload (:func:`for_row`), which fills only the keys it
+    leaves unset. Where ``written`` sets its micro batch or accumulation but no train_batch_size,
+    the total follows them on ``world_size`` ranks, as DeepSpeed's would."""
+    choice = row_choice(written.get("zero_optimization", {}))
+    ds = overlaid(for_row(choice, model, environment, micro_batch, world_size), written)
+    if ({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(written)
+            and "train_batch_size" not in written):
+        micro, accumulation = ds["train_micro_batch_size_per_gpu"], ds.get("gradient_accumulation_steps", 1)
+        ds["train_batch_size"] = (micro * accumulation * world_size
+                                  if isinstance(micro, int) and isinstance(accumulation, int) else "auto")
+    return ds
 
 
 #: The width whose GPT-3 rate a short run keeps as it is (GPT-2 small's); wider ones scale down.

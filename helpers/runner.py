@@ -668,34 +668,30 @@ def run_matrix(shape: str, environment: kit_env.Environment, micro_batch: int, s
                world_size: int = 1, progress: bool = True,
                configs: dict[str, dict] | None = None) -> list[Row]:
     """Run every row of ``configs`` (label: a learner's engine config, as notebook 05's lesson cell
-    writes them) or, without them, of config.STAGE_ROWS; where ``kinds`` is given, only the rows
+    writes them) or, without them, the rows its lesson functions build in the machine's precision
+    (:func:`helpers.config.lesson_row_configs`, NVMe files in the kit's offload folder); where
+    ``kinds`` is given, only the rows
     whose config is one of them (stage and offload devices, as config.row_choice reads a config and
     STAGE_ROWS writes them), whatever their labels: a row renamed in the lesson is still picked. Each runs
     with ``world_size`` ranks (one per GPU, or CPU ranks with gloo where there is no GPU) and is
-    predicted too. A given config runs as written: the kit's tuning for the row
-    (:func:`helpers.config.for_row`, with ``micro_batch``) fills only the keys it leaves unset, and
-    each run's micro batch is its config's. NVMe without async_io becomes an explained row."""
+    predicted too. A given config runs as written: the kit's tuning for the row fills only the keys
+    it leaves unset (:func:`helpers.config.tuned_row`), and each run's micro batch is its config's. NVMe without async_io becomes an explained row."""
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.for_shape(shape)
     rows = []
-    given = ([(label, kit_config.row_choice(cfg.get("zero_optimization", {})), cfg)
-              for label, cfg in configs.items()] if configs is not None
-             else [(label, choice, {}) for label, choice in kit_config.STAGE_ROWS])
+    if configs is None:
+        configs = kit_config.lesson_row_configs(micro_batch, environment.precision,
+                                                kit_env.default_offload_dir())
+    given = [(label, kit_config.row_choice(cfg.get("zero_optimization", {})), cfg)
+             for label, cfg in configs.items()]
     todo = [row for row in given if kinds is None or row[1] in kinds]
     for label, choice, written in tqdm(todo, desc="configs", disable=not progress):
         if "nvme" in choice.values() and not nvme_ready:
             rows.append(Row(label, choice, None, RunResult(
                 label, NOT_HERE, "NVMe offload needs libaio: apt-get install -y libaio-dev (notebook 02)"), None))
             continue
-        tuned = kit_config.for_row(choice, info, environment, micro_batch, world_size)
-        ds = kit_config.overlaid(tuned, written)
-        if ({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"} & set(written)
-                and "train_batch_size" not in written):
-            # the lesson's own batch, on world_size ranks: the total follows it, as DeepSpeed's would
-            micro, accumulation = ds["train_micro_batch_size_per_gpu"], ds.get("gradient_accumulation_steps", 1)
-            ds["train_batch_size"] = (micro * accumulation * world_size
-                                      if isinstance(micro, int) and isinstance(accumulation, int) else "auto")
+        ds = kit_config.tuned_row(written, info, environment, micro_batch, world_size)
         spec = RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps, grad_ckpt=grad_ckpt,
                        label=label)
         est = memory.estimate(info, spec.ds_config, seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt, on_gpu=environment.has_gpu)

@@ -5,6 +5,50 @@ while this file and the notebooks differ). Each cell's imports come along; nothi
 """
 
 
+# ---- notebooks/05_stages_and_offload.ipynb, cell 8 -----------------------------------------------
+import copy
+
+def stage0_config(micro_batch, precision):
+    """Plain data parallelism, no ZeRO: the config every row of the matrix starts from."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.0}},
+        "scheduler": {"type": "WarmupLR",  # from a tenth of the rate up to it over 10 steps
+                      "params": {"warmup_min_lr": 3e-5, "warmup_max_lr": 3e-4,
+                                 "warmup_num_steps": 10, "warmup_type": "linear"}},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_optimization": {"stage": 0},
+    }
+
+
+def zero_rows(offload_dir):
+    """The "zero_optimization" block of each row (NVMe offload keeps its files in offload_dir)."""
+    return {
+        "stage 0": {"stage": 0},
+        "stage 1": {"stage": 1},  # optimizer states partitioned across the GPUs
+        "stage 2": {"stage": 2},  # ... and the gradients
+        "stage 3": {"stage": 3},  # ... and the weights
+        "stage 2 + CPU offload": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "stage 3 + CPU offload": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "cpu"}},  # the weights in RAM too
+        "stage 3 + NVMe offload": {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": offload_dir},
+            "offload_param": {"device": "nvme", "nvme_path": offload_dir},
+        },
+    }
+
+
+def row_config(base, zero):
+    """``base`` with a row's "zero_optimization" block in place of its own."""
+    config = copy.deepcopy(base)
+    config["zero_optimization"] = copy.deepcopy(zero)
+    return config
+
+
 # ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 10 -------------------------------------------
 def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_steps, precision,
                          offload="nvme", offload_params=False, nvme_path=None, pin_memory=False,

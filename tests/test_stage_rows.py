@@ -16,9 +16,13 @@ STAGE_3 = '"stage 3": {"stage": 3},'
 
 
 def _lesson_cell() -> str:
-    cells = [s for s in lesson_sources(STEM) if "ZERO_ROWS = {" in s]
-    assert len(cells) == 1, "notebook 05 should define ZERO_ROWS in one lesson cell"
-    return cells[0]
+    """Notebook 05's two lesson cells that make the rows, as one source: the cell that defines
+    ``stage0_config``, ``zero_rows`` and ``row_config`` (exported to helpers/taught.py) and the cell
+    that builds ROW_CONFIGS with them."""
+    defining = [s for s in lesson_sources(STEM) if "def zero_rows(" in s]
+    building = [s for s in lesson_sources(STEM) if "ZERO_ROWS = zero_rows(" in s]
+    assert len(defining) == len(building) == 1, "notebook 05 should define and build its rows once"
+    return defining[0] + "\n" + building[0]
 
 
 def _lesson(tmp_path, source: str | None = None) -> dict:
@@ -80,15 +84,66 @@ def test_the_key_check_fails_when_the_matrix_ran_the_kits_rows_instead(monkeypat
                           f"{str(tmp_path / 'offload')!r} (ran {str(kit_env.default_offload_dir())!r}))"]
 
 
-def test_a_lesson_row_that_is_not_the_kits_row_of_its_name_fails_a_check(monkeypatch, tmp_path):
+def test_a_row_the_learner_adds_runs_and_is_checked_like_the_others(monkeypatch, tmp_path):
+    """A row that is none of the kit's (stage 2 with its optimizer on NVMe) is run and checked,
+    not refused; a matrix that left a lesson row out fails the first check."""
     rows = _lesson(tmp_path)["ZERO_ROWS"]
-    rows["stage 2 + CPU offload"] = {"stage": 2, "offload_optimizer": {"device": "nvme"}}
-    ran, _ = _ran(monkeypatch, {label: {"zero_optimization": zero} for label, zero in rows.items()})
-    failed = [name for name, ok in lesson.lesson_keys_claims(rows, ran) if not ok]
-    assert failed == ["each lesson row is one of the kit's stage rows (stage and offload devices) "
-                      "(not: stage 2 + CPU offload)"], failed
+    rows["stage 2 + NVMe offload"] = {"stage": 2, "offload_optimizer": {
+        "device": "nvme", "nvme_path": str(tmp_path)}}
+    ran, seen = _ran(monkeypatch, {label: {"train_micro_batch_size_per_gpu": 2, "zero_optimization": zero}
+                                   for label, zero in rows.items()})
+    assert seen["stage 2 + NVMe offload"]["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+    checks = lesson.lesson_keys_claims(rows, ran)
+    assert checks and all(ok for _, ok in checks), checks
     fewer = lesson.lesson_keys_claims(rows, ran[:-1])
     assert not dict(fewer)["the matrix ran the lesson's rows"]
+
+
+def test_an_edit_to_the_exported_rows_reaches_the_command_lines_matrix(monkeypatch, tmp_path):
+    """``python -m helpers matrix`` (run_matrix without configs) builds notebook 05's rows with the
+    lesson cell's own functions, generated into helpers/taught.py: the stage 3 row edited in the
+    cell (and exported) runs edited, and no other row changes."""
+    import json
+
+    from helpers import taught
+    from tools import nbtool
+
+    path = nbtool.NOTEBOOKS / f"{STEM}.ipynb"
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "def zero_rows(" in nbtool.source(c))
+    assert nbtool.source(cell).count(STAGE_3) == 1
+    cell["source"] = nbtool.source(cell).replace(
+        STAGE_3, '"stage 3": {"stage": 3, "stage3_max_live_parameters": 12345},')
+    (tmp_path / path.name).write_text(json.dumps(nb))
+    monkeypatch.setattr(nbtool, "ROOT", tmp_path)
+    exported: dict = {}
+    exec(nbtool.render_taught([tmp_path / path.name]), exported)
+    _, before = _ran(monkeypatch, None)
+    for name in ("stage0_config", "zero_rows", "row_config"):
+        monkeypatch.setattr(taught, name, exported[name])
+    _, after = _ran(monkeypatch, None)
+    assert before["stage 3"]["zero_optimization"]["stage3_max_live_parameters"] != 12345
+    assert after["stage 3"]["zero_optimization"]["stage3_max_live_parameters"] == 12345
+    assert {k: v for k, v in after.items() if k != "stage 3"} == {
+        k: v for k, v in before.items() if k != "stage 3"}
+
+
+def test_the_faster_offload_variants_start_from_the_lessons_stage_0_config(tmp_path):
+    """Each variant is the lesson's stage-0 config with the variant's block: a learning rate or a
+    precision written in the lesson reaches every variant (the kit's defaults did before)."""
+    from helpers import memory
+
+    base = _lesson(tmp_path)["STAGE0_CONFIG"]
+    base["optimizer"]["params"]["lr"] = 1.234e-4
+    info = memory.ModelInfo.for_shape("tiny")
+    for name, choice, _ in lesson.VARIANTS:
+        ds = lesson.variant_config(name, info, kit_env.describe(), 2, 4, base)
+        assert ds["optimizer"]["params"]["lr"] == 1.234e-4, name
+        assert ds["scheduler"] == base["scheduler"], name
+        assert config.row_choice(ds["zero_optimization"]) == choice, name
+    partial = lesson.variant_config(lesson.VARIANTS[2][0], info, kit_env.describe(), 2, 4, base)
+    assert partial["zero_optimization"]["offload_optimizer"]["ratio"] == lesson.PARTIAL_RATIO
+    assert partial["zero_optimization"]["sub_group_size"]  # the kit's tuning fills the rest
 
 
 def test_the_lesson_cells_rows_are_the_kits_stage_rows(tmp_path):
