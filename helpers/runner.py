@@ -74,6 +74,9 @@ class RunSpec:
     eval_batches: int = 0  # held-out batches (the text's last tenth) scored after training
     # the input embedding (and an LM head tied to it) frozen: no gradient, no optimizer state
     freeze_embeddings: bool = False
+    # transformers.get_scheduler's arguments (name, num_warmup_steps, num_training_steps): the
+    # schedule a Trainer runs, in place of the config's "scheduler" (None: the config's)
+    lr_schedule: dict | None = None
 
     def __post_init__(self) -> None:
         """A config that gives no micro batch in numbers ("auto" is the Trainer's to fill) cannot
@@ -231,7 +234,14 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     model, tokenizer = prepared_model(spec, model_config)
     enter("deepspeed.initialize")
     trained = [p for p in model.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config)
+    schedule = None
+    if spec.lr_schedule:  # the Trainer's own: DeepSpeed calls it with the optimizer it builds
+        from transformers import get_scheduler
+
+        config.pop("scheduler", None)
+        schedule = lambda optimizer: get_scheduler(optimizer=optimizer, **spec.lr_schedule)  # noqa: E731
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config,
+                                      lr_scheduler=schedule)
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
     if spec.text_path:
@@ -321,10 +331,10 @@ def prepared_model(spec: RunSpec, model_config=None):
             spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
         model, tokenizer = models.build_model(model_config, seed=spec.seed), models.ByteTokenizer()
     model.train()
+    if spec.lora:  # the adapters first, then checkpointing, in notebook 09's lesson order
+        model = with_lora(model, spec.lora)
     if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-    if spec.lora:
-        model = with_lora(model, spec.lora, spec.grad_ckpt)
     if spec.freeze_embeddings:
         freeze_embeddings(model)
     return model, tokenizer
@@ -340,15 +350,13 @@ def freeze_embeddings(model) -> int:
     return int(getattr(weight, "ds_numel", weight.numel()))
 
 
-def with_lora(model, lora: dict, grad_ckpt: bool = False):
-    """``model`` with PEFT's LoRA adapters (``LoraConfig(**lora)``, a causal LM's task): the model's
-    own weights frozen, the adapters trained. With gradient checkpointing the inputs are made to
-    require gradients, or a frozen embedding would leave the checkpointed layers nothing to
-    differentiate."""
+def with_lora(model, lora: dict):
+    """``model`` with PEFT's LoRA adapters (``LoraConfig(**lora)``, a causal LM's task), as notebook
+    09's lesson makes them: the model's own weights frozen, the adapters trained. Checkpointing is
+    switched on after (transformers 5's is non-reentrant: the checkpointed layers get their
+    gradients without the inputs requiring any)."""
     from peft import LoraConfig, get_peft_model
 
-    if grad_ckpt:
-        model.enable_input_require_grads()
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
 
 

@@ -91,6 +91,7 @@ def test_the_partial_offload_row_is_notebook_05s_variant(cpu):
     mine = lesson.method_config(lesson.method(lesson.PARTIAL), info, cpu, 4, 12, 3e-4)
     theirs = stages_and_offload.variant_config(lesson.PARTIAL, info, cpu, 4, 12)
     theirs["zero_optimization"]["offload_optimizer"]["pin_memory"] = False
+    theirs["scheduler"]["params"].update(warmup_min_lr=3e-4 / 10, warmup_max_lr=3e-4)  # its rate
     assert mine == theirs
 
 
@@ -591,3 +592,69 @@ def test_the_measured_lora_row_runs_the_lesson_cells_settings():
     assert len(calls) == 1
     given = {k.arg: ast.unparse(k.value) for k in calls[0].keywords}
     assert given.get("lora") == "LORA_SETTINGS", given
+    assert given.get("trainer_args") == "training_args()", given  # the lesson's Trainer arguments
+
+
+# ---- the rows run the lesson Trainer's schedule, precision and clipping --------------------------
+
+
+def _lesson_training_args(tmp_path, **values):
+    """Notebook 09's own training_args(), defined as its lesson cell defines it."""
+    import torch
+    from lesson_code import lesson_functions
+
+    names = dict(torch=torch, OUT_DIR=str(tmp_path), MICRO_BATCH=2, STEPS=20, LORA_LR=1e-3, PRECISION="fp16",
+                 GRAD_CKPT=True, LORA_RANK=8, PROMPT="?", ANSWER_TOKENS=1, MODEL_NAME="-")
+    names.update(values)
+    space = lesson_functions("09_zero_or_lora", ["training_args"], **names)
+    return space["training_args"]()
+
+
+def test_the_trainers_schedule_precision_and_clipping_reach_every_rows_config(cpu, tmp_path):
+    """What the lesson's TrainingArguments say (constant_with_warmup over STEPS // 10, fp16,
+    clipping 1.0) is what each row runs: its "scheduler" gone in favour of transformers'
+    get_scheduler with the Trainer's warm-up, its precision the Trainer's whatever the machine's."""
+    args = _lesson_training_args(tmp_path)
+    settings = lesson.trainer_settings(args, 20)
+    assert settings == {"lr_schedule": {"name": "constant_with_warmup", "num_warmup_steps": 2,
+                                        "num_training_steps": 20},
+                        "precision": "fp16", "gradient_clipping": 1.0}
+    info = memory.ModelInfo.for_shape("tiny")
+    for m in lesson.METHODS:
+        ds = lesson.method_config(m, info, cpu, 4, 20, 1e-4, settings)
+        assert "scheduler" not in ds and ds["fp16"]["enabled"] and not ds["bf16"]["enabled"], m.name
+        assert ds["gradient_clipping"] == 1.0 and ds["optimizer"]["params"]["lr"] == 1e-4, m.name
+    other = lesson.trainer_settings(_lesson_training_args(tmp_path, PRECISION="bf16", STEPS=40), 40)
+    assert other["precision"] == "bf16" and other["lr_schedule"]["num_warmup_steps"] == 4
+
+
+def test_a_run_given_the_trainers_schedule_steps_its_learning_rate_by_it(monkeypatch, tmp_path):
+    """The runner hands get_scheduler's schedule to deepspeed.initialize: with 2 warm-up steps of
+    4, constant_with_warmup's rates are 0, 0.5, 1, 1 x lr (DeepSpeed's WarmupLR of the config
+    would give others), read from the engine at every step."""
+    import deepspeed
+
+    from helpers import config
+
+    seen = []
+    original = deepspeed.initialize
+
+    def spy(*a, **k):
+        engine, *rest = original(*a, **k)
+        step = engine.step
+
+        def recorded(*sa, **sk):
+            seen.append(engine.get_lr()[0])
+            return step(*sa, **sk)
+
+        engine.step = recorded
+        return (engine, *rest)
+
+    monkeypatch.setattr(deepspeed, "initialize", spy)
+    ds = config.build(stage=0, trainer=False, precision="fp32", pin_memory=False, micro_batch=2, lr=1e-2)
+    assert "scheduler" in ds
+    spec = runner.RunSpec(ds_config=ds, shape="tiny", steps=4, lr_schedule={
+        "name": "constant_with_warmup", "num_warmup_steps": 2, "num_training_steps": 4})
+    result = {}
+    runner.train_steps(spec, result)
+    assert seen == pytest.approx([0.0, 5e-3, 1e-2, 1e-2]), seen

@@ -94,10 +94,12 @@ def method(name: str) -> Method:
 
 
 def method_config(m: Method, model: memory.ModelInfo, environment: kit_env.Environment,
-                  micro_batch: int, steps: int, lr: float) -> dict:
+                  micro_batch: int, steps: int, lr: float, trainer: dict | None = None) -> dict:
     """The engine config ``m`` runs with: notebook 05's variant config where ``m`` is one of its
     variants (the same learning-rate warmup, buckets and sub-groups), else the stage row's
-    (``config.for_row``); then the learning rate, the pinning and ``m``'s own keys."""
+    (``config.for_row``); then the learning rate, the pinning and ``m``'s own keys. With
+    ``trainer`` (:func:`trainer_settings`) its precision and clipping; its schedule replaces the
+    config's "scheduler" when the run starts (``RunSpec.lr_schedule``)."""
     if m.variant:
         ds = offload.variant_config(m.variant, model, environment, micro_batch, steps)
     else:
@@ -109,6 +111,11 @@ def method_config(m: Method, model: memory.ModelInfo, environment: kit_env.Envir
     if "offload_optimizer" in zero:
         zero["offload_optimizer"]["pin_memory"] = m.pinned
     zero.update(copy.deepcopy(m.zero_extra))
+    if trainer:
+        ds.pop("scheduler", None)  # the Trainer's schedule runs instead (RunSpec.lr_schedule)
+        ds["gradient_clipping"] = trainer["gradient_clipping"]
+        for section in ("fp16", "bf16"):
+            ds[section] = {**ds.get(section, {}), "enabled": trainer["precision"] == section}
     if m.fp16_extra:
         ds["fp16"] = {**ds.get("fp16", {"enabled": False}), **m.fp16_extra}
     return ds
@@ -195,24 +202,39 @@ def _not_run(m: Method, environment: kit_env.Environment, ds: dict, info: memory
     return ""
 
 
+def trainer_settings(args, steps: int) -> dict:
+    """What a Trainer given TrainingArguments ``args`` runs ``steps`` optimizer steps with, that an
+    engine config does not say by itself: its learning-rate schedule (transformers.get_scheduler's
+    arguments, as the Trainer builds it), its precision and its gradient clipping."""
+    name = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    return {"lr_schedule": {"name": str(name), "num_warmup_steps": args.get_warmup_steps(steps),
+                            "num_training_steps": steps},
+            "precision": "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32",
+            "gradient_clipping": args.max_grad_norm}
+
+
 def run_methods(model_path: str, text_path: str, environment: kit_env.Environment,
                 micro_batch: int, seq_len: int, steps: int, eval_batches: int, lr: float,
                 lora_lr: float, lora: dict, grad_ckpt: bool = True, names: list[str] | None = None,
-                progress: bool = True) -> list[MethodRun]:
+                progress: bool = True, trainer_args=None) -> list[MethodRun]:
     """Every method (or those ``names``) on the same model folder, text, seed and tokens, each in
     a fresh subprocess (helpers.runner), scored on the text's held-out tenth afterwards; each
     predicted by the estimator too (``grad_ckpt``: activation checkpointing, as the lesson's
     GRAD_CKPT). The LoRA row trains adapters with ``lora``, the lesson's own settings (PEFT's
-    LoraConfig arguments, ``r`` among them). A method that cannot run here is a row saying why."""
+    LoraConfig arguments, ``r`` among them). With ``trainer_args`` (the lesson's TrainingArguments)
+    every row runs the Trainer's schedule, precision and clipping (:func:`trainer_settings`); the
+    learning rates stay ``lr`` and ``lora_lr``. A method that cannot run here is a row saying why."""
     if "r" not in lora:
         raise ValueError(f"lora holds PEFT's LoraConfig arguments, the rank 'r' among them: {lora!r}")
+    trainer = trainer_settings(trainer_args, steps) if trainer_args is not None else None
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.from_pretrained(model_path)
     out = []
     chosen = [method(n) for n in names] if names else METHODS
     for m in tqdm(chosen, desc="methods", disable=not progress):
-        ds = method_config(m, info, environment, micro_batch, steps, lora_lr if m.lora else lr)
+        ds = method_config(m, info, environment, micro_batch, steps, lora_lr if m.lora else lr,
+                           trainer)
         est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len,
                               grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu,
                               trainable=lora_trainable(info, lora["r"]) if m.lora else None)
@@ -225,7 +247,7 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
         spec = runner.RunSpec(ds_config=ds, model_path=model_path, text_path=text_path,
                               seq_len=seq_len, steps=steps,
                               grad_ckpt=grad_ckpt, label=m.name, eval_batches=eval_batches,
-                              lora=settings)
+                              lora=settings, lr_schedule=trainer["lr_schedule"] if trainer else None)
         out.append(MethodRun(m, diverged_in_fp16(m, runner.measure(spec), ds), ds, est, settings))
     return out
 
