@@ -615,6 +615,31 @@ def test_a_lesson_claim_fails_until_the_lessons_own_code_installs_each_fix():
                                       "quiet_collective_deprecations"])
 
 
+# A fresh process: the kit's helper that frees a Trainer's engine installs the destroy fix, and a
+# lesson that did not install it still fails its claim (notebook 07's cell 31 masked it before).
+KIT_INSTALL = r"""
+import json
+from helpers import deepspeed_fixes
+from helpers.lessons import zero2_training
+config = {"zero_optimization": {"stage": 3}}
+where = dict(in_kernel=True, on_cpu=False, destroys=True)
+zero2_training.free_memory()
+import deepspeed
+fixed = getattr(deepspeed.DeepSpeedEngine.destroy, "_zero_kit_fixed", False)
+masked = deepspeed_fixes.lesson_claim([config], **where)
+deepspeed_fixes.fix_engine_destroy_frees_memory()
+shown = deepspeed_fixes.lesson_claim([config], **where)
+print("RESULT", json.dumps({"fixed": fixed, "masked": masked, "shown": shown}))
+"""
+
+
+def test_the_kits_own_install_of_a_fix_is_not_the_lessons():
+    got = run_probe(KIT_INSTALL)
+    assert got["fixed"] is True  # the kit's helper still frees a ZeRO-3 engine
+    assert got["masked"][1] is False and "missing: fix_engine_destroy_frees_memory" in got["masked"][0]
+    assert got["shown"][1] is True
+
+
 def test_kit_cells_install_no_fix_that_changes_a_result():
     """A notebook's cells outside the lesson install only the fixes of KIT_ONLY: a fix a lesson's
     result depends on is a line of the lesson (else its lesson_claim would hold by construction)."""

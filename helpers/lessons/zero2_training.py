@@ -105,12 +105,13 @@ class TrainRun:
 
 def free_memory(trainer=None) -> None:
     """Drop a trainer's DeepSpeed engine and give cached GPU memory back (a ZeRO-3 engine's too:
-    the kit's fix for ``destroy()``, which DeepSpeed 0.19.8 leaves holding it, goes in first)."""
+    the kit's fix for ``destroy()``, which DeepSpeed 0.19.8 leaves holding it, goes in first, as
+    the kit's own: a lesson's check still asks whether the lesson installed it)."""
     import torch
 
     from helpers import deepspeed_fixes
 
-    deepspeed_fixes.fix_engine_destroy_frees_memory()
+    deepspeed_fixes.install_for_kit(deepspeed_fixes.fix_engine_destroy_frees_memory)
     if trainer is not None:
         engine = getattr(trainer, "deepspeed", None)
         if engine is not None and hasattr(engine, "destroy"):
