@@ -354,13 +354,19 @@ def largest_sub_group_numel(model: ModelInfo, sub_group_size: int, world_size: i
     return max(largest, current)
 
 
+def embedding_numel(model: ModelInfo) -> int:
+    """Elements of the model's input embedding, vocabulary x width (a head tied to it is the same
+    tensor): what freezing it takes out of training."""
+    return model.vocab * model.hidden
+
+
 def without_embedding(model: ModelInfo) -> ModelInfo:
     """The part of ``model`` that trains with its input embedding frozen (a head tied to it goes
     with it): its parameters less the embedding's vocabulary x width, and the parameter list ZeRO-3
     groups into optimizer sub-groups without it (where it had one)."""
     import dataclasses
 
-    embedding = model.vocab * model.hidden
+    embedding = embedding_numel(model)
     numels = list(model.param_numels)
     if embedding in numels:
         numels.remove(embedding)

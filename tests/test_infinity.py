@@ -350,7 +350,7 @@ def test_a_frozen_embedding_leaves_the_gradient_buffer_and_the_swap_buffers():
     whole = biggest_model.rung_estimate(rung, gpu).parts["cpu"]
     rung.spec.freeze_embeddings = True
     frozen = biggest_model.rung_estimate(rung, gpu).parts["cpu"]
-    embedding = biggest_model.embedding_numel(info)
+    embedding = memory.embedding_numel(info)
     assert embedding == info.largest_param_numel
     assert frozen["grads"] == whole["grads"] - 2 * embedding
     sub_group = rung.spec.ds_config["zero_optimization"]["sub_group_size"]
@@ -364,10 +364,10 @@ def test_a_frozen_embedding_leaves_the_gradient_buffer_and_the_swap_buffers():
 
 def test_a_frozen_embedding_needs_less_disk_and_a_lever_named_method_is_still_nvme(tmp_path):
     info = memory.ModelInfo.for_shape("llama-3.2-3b-shaped")
-    trained = info.n_params - biggest_model.embedding_numel(info)
+    trained = info.n_params - memory.embedding_numel(info)
     assert biggest_model.nvme_bytes_needed(info, False, frozen_embeddings=True) == int(16.0 * trained)
     assert (biggest_model.nvme_bytes_needed(info, True, frozen_embeddings=True)
-            == int(18.2 * trained + 2 * biggest_model.embedding_numel(info)))
+            == int(18.2 * trained + 2 * memory.embedding_numel(info)))
     assert biggest_model.is_nvme(f"{biggest_model.NVME_OPTIMIZER}, embedding frozen")
     assert not biggest_model.is_nvme("ZeRO-2 + CPU offload")
     on_gpu = _ran("smollm2-1.7b-shaped", biggest_model.NVME_OPTIMIZER, 4.63, 7.52)

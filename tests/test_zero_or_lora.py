@@ -427,6 +427,11 @@ def test_a_lora_run_trains_the_adapters_only_and_scores_held_out_text(cpu, tmp_p
     assert result.n_trainable == memory.lora_params(info, 4) < memory.lora_params(info, 8)
     assert result.n_params == info.n_params + result.n_trainable
     assert result.eval_loss is not None and 0 < result.eval_loss < 20
+    # the adapters trained through the checkpointed layers (added before checkpointing, as the
+    # lesson does): the held-out loss moved from the untrained model's (a run whose adapters got
+    # no gradient would leave B at 0 and the loss where it was)
+    start = lesson.held_out_before(str(folder), str(text), 32, 2, 2)
+    assert abs(result.eval_loss - start.eval_loss) > 1e-4, (result.eval_loss, start.eval_loss)
 
 
 def test_the_loss_before_training_is_scored_on_the_blocks_every_run_scores(cpu, tmp_path):

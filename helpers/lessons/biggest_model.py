@@ -46,19 +46,13 @@ def weights_on_nvme(rung: "Rung") -> bool:
     return (zero.get("offload_param") or {}).get("device") == "nvme"
 
 
-def embedding_numel(model: memory.ModelInfo) -> int:
-    """Elements of the model's input embedding (vocabulary x width): what freezing it takes out of
-    training (an LM head tied to it is the same tensor)."""
-    return model.vocab * model.hidden
-
-
 def nvme_bytes_needed(model: memory.ModelInfo, weights_on_nvme: bool = True,
                       frozen_embeddings: bool = False) -> int:
     """Disk the NVMe files will take (measured bytes per parameter), before the safety margin.
     With the embedding frozen its optimizer states and gradients take none (its fp16 weights, on
     NVMe, 2 bytes a parameter, still do)."""
     per_param = NVME_BYTES_PER_PARAM if weights_on_nvme else NVME_OPTIMIZER_BYTES_PER_PARAM
-    frozen = embedding_numel(model) if frozen_embeddings else 0
+    frozen = memory.embedding_numel(model) if frozen_embeddings else 0
     kept = 2 * frozen if weights_on_nvme else 0
     return int(per_param * (model.n_params - frozen) + kept)
 
