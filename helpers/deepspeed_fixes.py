@@ -1,8 +1,8 @@
 """Workarounds for DeepSpeed bugs the kit runs into: each one small, applied by an explicit call,
 safe to call twice, and explained in docs/deepspeed_gaps.md.
 
-The kit's own runs call :func:`apply_all` once per process before ``deepspeed.initialize``
-(helpers.runner does). A lesson calls, in its own visible code, each fix its results depend on
+The kit's measured runs install, before ``deepspeed.initialize``, only the fixes their config needs
+(:func:`install_needed`; helpers.runner does, and records them with the run). A lesson calls, in its own visible code, each fix its results depend on
 (:func:`needed_by` says which a config needs; :func:`lesson_claim` checks that the lesson did);
 the notebooks' kit cells install only what changes no result (:func:`apply_kit_only`). In your own
 project: ``pip install "zero-kit @ git+https://github.com/zero-kit/zero-kit"`` (or copy this one
@@ -531,6 +531,22 @@ def needed_by(config: dict, *, in_kernel: bool, on_cpu: bool, destroys: bool) ->
         needs["fix_stage0_fp16_loss_scale"] = "stage 0 in fp16 never scales its loss"
         needs["fix_stage0_fp16_adam_step_count"] = "stage 0 in fp16 starts Adam's step count at 1"
     return needs
+
+
+def install_needed(config: dict, *, in_kernel: bool, on_cpu: bool,
+                   destroys: bool) -> dict[str, str]:
+    """Install the fixes :func:`needed_by` names for ``config`` and those of :data:`KIT_ONLY`;
+    returns the first (name: what goes wrong without it), for the run to record."""
+    needs = needed_by(config, in_kernel=in_kernel, on_cpu=on_cpu, destroys=destroys)
+    for _, fix in FIXES:
+        if fix.__name__ in needs or fix.__name__ in KIT_ONLY:
+            fix()
+    return needs
+
+
+def in_place() -> list[str]:
+    """The fixes called in this process so far that can change a result (not :data:`KIT_ONLY`)."""
+    return sorted(_IN_PLACE - set(KIT_ONLY))
 
 
 def lesson_claim(configs: list[dict], *, in_kernel: bool, on_cpu: bool,

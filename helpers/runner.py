@@ -128,6 +128,7 @@ class RunResult:
     ranks: list[dict] = field(default_factory=list)
     rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
     last_phase: str = ""  # the phase rank 0 was in when the parent killed the run (RAM, time)
+    deepspeed_fixes: list[str] = field(default_factory=list)  # helpers.deepspeed_fixes it installed
 
 
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
@@ -221,8 +222,10 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 
     from helpers import deepspeed_fixes
 
-    deepspeed_fixes.apply_all()
     config = dict(spec.ds_config)
+    # Only the fixes this config needs (a stage 2 run gets none that changes a result), named in
+    # the result so the tables can say which ran: a lesson's figure never leans on a hidden one.
+    deepspeed_fixes.install_needed(config, in_kernel=False, on_cpu=not cuda, destroys=False)
     model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
     keep_alive = None
     if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
@@ -242,6 +245,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         schedule = lambda optimizer: get_scheduler(optimizer=optimizer, **spec.lr_schedule)  # noqa: E731
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config,
                                       lr_scheduler=schedule)
+    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # what this process installed, all of it
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
     if spec.text_path:
@@ -598,6 +602,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.step_times_s = first.get("step_times_s", [])
     result.optimizer_step_s = first.get("optimizer_step_s", [])
     result.rss_phases = first.get("rss_phases", [])
+    result.deepspeed_fixes = first.get("deepspeed_fixes", [])
     result.median_step_s = median_step_s(result.step_times_s)
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None
@@ -652,9 +657,26 @@ def result_cells(r: RunResult, width: int = 80) -> tuple[str, ...]:
             show.loss_cell(r.losses))
 
 
+def fixes_note(results: list[RunResult], labels: list[str] | None = None) -> str:
+    """Which of the kit's DeepSpeed fixes each run installed (it installs only those its config
+    needs: helpers.deepspeed_fixes.needed_by), for the line under a table of runs; each run named
+    by its label (or ``labels``, one per run, as the table names its rows)."""
+    by_fix: dict[str, list[str]] = {}
+    for r, label in zip(results, labels or [r.label for r in results]):
+        for name in r.deepspeed_fixes:
+            by_fix.setdefault(name, []).append(label)
+    if not by_fix:
+        return "DeepSpeed fixes: these runs needed none of the kit's (helpers.deepspeed_fixes)."
+    return ("DeepSpeed fixes these runs installed (helpers.deepspeed_fixes, each in "
+            "docs/deepspeed_gaps.md): " + "; ".join(f"{name} in {', '.join(labels)}"
+                                                   for name, labels in by_fix.items())
+            + "; the other runs none.")
+
+
 def results_table(results: list[RunResult]) -> Table:
     """The measurements side by side: status, peak GPU, peak host RSS, NVMe, step time, losses."""
-    return Table(["config", *RESULT_COLUMNS], [(r.label, *result_cells(r)) for r in results], title="Measured runs")
+    return Table(["config", *RESULT_COLUMNS], [(r.label, *result_cells(r)) for r in results],
+                 title="Measured runs", note=fixes_note(results))
 
 
 # ---- the stage and offload rows, one run each --------------------------------------------------
@@ -721,7 +743,8 @@ def rows_table(rows: list[Row], environment: kit_env.Environment) -> Table:
                     "-" if res.tokens_per_s is None else f"{res.tokens_per_s:,.0f}", show.loss_cell(res.losses, 4)))
     return Table(["config", "status", "GPU GiB", "GPU predicted", "host RSS GiB", "host predicted", "NVMe GiB",
                   "s/step", "tokens/s", "loss first -> last"], out,
-                 title=f"ZeRO stages and offload, {environment.measured_on()}")
+                 title=f"ZeRO stages and offload, {environment.measured_on()}",
+                 note=fixes_note([r.result for r in rows]))
 
 
 #: What a rank holds, by kind (:func:`held_bytes`' keys, in the order tables show them).

@@ -59,10 +59,12 @@ def loss_cell(losses: Sequence[float], digits: int = 3) -> str:
 class Table:
     """Rows of cells with a header; ``_repr_html_`` for notebooks, ``str`` for terminals and logs."""
 
-    def __init__(self, header: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> None:
+    def __init__(self, header: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "",
+                 note: str = "") -> None:
         self.header = [str(h) for h in header]
         self.rows = [[_cell(c) for c in row] for row in rows]
         self.title = title
+        self.note = note  # a line under the table (what every row shares, where it came from)
         for row in self.rows:
             if len(row) != len(self.header):
                 raise ValueError(f"table row {row!r} has {len(row)} cells, the header has {len(self.header)}")
@@ -73,7 +75,7 @@ class Table:
         out = [self.title] if self.title else []
         out += [line(self.header), line(["-" * w for w in widths])]
         out += [line(r) for r in self.rows]
-        return "\n".join(out)
+        return "\n".join(out + ([self.note] if self.note else []))
 
     def __repr__(self) -> str:
         return str(self)
@@ -85,7 +87,8 @@ class Table:
             for r in self.rows
         )
         caption = f"<caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>" if self.title else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
 def _cell(value: Any) -> str:

@@ -29,6 +29,9 @@ def test_ok_run_reports_every_field():
     assert len(r.optimizer_step_s) == 3
     assert all(0 < s < t for s, t in zip(r.optimizer_step_s, r.step_times_s))
     assert r.n_params == 3_382_080 and r.ranks[0]["params_bytes"] == 4 * r.n_params
+    # A stage 2 run in fp32 needs none of the kit's DeepSpeed fixes, so it installs none: its
+    # figures are DeepSpeed's own (a runner that installed every fix would list them here).
+    assert r.deepspeed_fixes == []
     assert json.loads(json.dumps(dataclasses.asdict(r)))["status"] == "ok"
     # Host RSS per phase of the run (helpers.runner), in the order the phases began.
     phases = {p["name"]: p for p in r.rss_phases}
@@ -116,6 +119,19 @@ def test_two_cpu_ranks_hold_the_zero_fractions():
     solo3 = runs[(3, 1)].ranks[0]
     assert solo3["optimizer_bytes"] == one["optimizer_bytes"]  # ZeRO-3's fp32 masters count too: 12 B/param
     assert all(abs(r["params_bytes"] - solo3["params_bytes"] / 2) <= 0.02 * solo3["params_bytes"] for r in runs[(3, 2)].ranks)
+
+
+def test_a_run_installs_the_fixes_its_config_needs_and_the_table_names_them():
+    ds = config.build(stage=3, offload_optimizer="cpu", **CPU_FP32)
+    offloaded = runner.measure(runner.RunSpec(ds_config=ds, shape="tiny", steps=2, force_cpu=True,
+                                              label="stage 3 + opt->cpu"))
+    assert offloaded.status == runner.OK
+    assert offloaded.deepspeed_fixes == ["fix_stage3_overflow_check"]
+    plain = runner.RunResult("stage 2", runner.OK)
+    note = runner.fixes_note([offloaded, plain])
+    assert "fix_stage3_overflow_check in stage 3 + opt->cpu;" in note and "stage 2" not in note
+    assert "needed none" in runner.fixes_note([plain])
+    assert runner.results_table([offloaded, plain]).note == note
 
 
 def _rows(ranks: int, halve: bool, peak: int = 100, losses=(2.0, 1.0)) -> list[runner.Row]:

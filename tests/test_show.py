@@ -44,3 +44,12 @@ def test_no_helper_cuts_prose_with_a_bare_slice():
 def test_the_slice_rule_finds_a_bare_slice():
     assert sliced_prose('f"advice: {oom.message[:90]}."') == ["message[:90]"]
     assert sliced_prose("show.clip(oom.message, 90)") == []
+
+
+def test_a_tables_note_is_the_line_under_it_in_text_and_html():
+    from helpers.show import Table
+
+    table = Table(["a"], [["1"]], title="T", note="fixes: none <here>")
+    assert str(table).splitlines()[-1] == "fixes: none <here>"
+    assert table._repr_html_().endswith("</table><p>fixes: none &lt;here&gt;</p>")
+    assert "<p>" not in Table(["a"], [["1"]])._repr_html_()

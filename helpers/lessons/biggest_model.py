@@ -194,7 +194,9 @@ def ladder_table(rungs: list[Rung], environment: kit_env.Environment | None = No
     """Every rung: status, peaks, step time, loss; the title says where it was measured."""
     rows = [(r.shape, f"{r.n_params / 1e6:,.0f}M", r.method, *runner.result_cells(r.result, 90)) for r in rungs]
     return Table(["model", "parameters", "method", *runner.RESULT_COLUMNS], rows,
-                 title="The ladder" + (f", {environment.measured_on()}" if environment else ""))
+                 title="The ladder" + (f", {environment.measured_on()}" if environment else ""),
+                 note=runner.fixes_note([r.result for r in rungs],
+                                        [f"{r.shape} {r.method}" for r in rungs]))
 
 
 def largest_per_method(rungs: list[Rung]) -> dict[str, Rung | None]:

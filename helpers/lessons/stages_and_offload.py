@@ -427,7 +427,9 @@ def offload_table(variants: list[Variant], environment: kit_env.Environment) -> 
                      show.gib(r.peak_gpu_allocated_bytes), show.gib(r.peak_host_rss_bytes or None),
                      show.loss_cell(r.losses), gap))
     return Table(["model", "variant", "status", "s/step", "speed-up", "GPU GiB", "host RSS GiB", "loss",
-                  "last loss vs plain"], rows, title=f"Faster offload, {environment.measured_on()}")
+                  "last loss vs plain"], rows, title=f"Faster offload, {environment.measured_on()}",
+                 note=runner.fixes_note([v.result for v in variants],
+                                        [f"{v.shape} {v.name}" for v in variants]))
 
 
 def offload_checks(variants: list[Variant], environment: kit_env.Environment) -> list[claims.Claim]:

@@ -303,7 +303,8 @@ def runs_table(runs: list[MethodRun], environment: kit_env.Environment,
                      show.loss_cell(res.losses), _eval_cell(res, start)))
     return Table(["method", "status", "trained", "GPU GiB", "GPU predicted", "host RSS GiB",
                   "s/step", "tokens/s", "loss", _eval_header(start)], rows,
-                 title=f"Same pretrained model, text, seed and tokens, {environment.measured_on()}")
+                 title=f"Same pretrained model, text, seed and tokens, {environment.measured_on()}",
+                 note=runner.fixes_note([r.result for r in runs], [r.method.name for r in runs]))
 
 
 def _eval_cell(result: runner.RunResult, start: Start | None = None) -> str:
