@@ -274,8 +274,12 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
                             seed=spec.seed)
         result["eval_loss"] = held_out_loss(engine, held)
     if cuda:
-        result["peak_gpu_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        # the trace resets torch's peaks at each phase: the run's peak is the larger of its record
+        # of the phases closed and the current one's
+        result["peak_gpu_allocated_bytes"] = max(torch.cuda.max_memory_allocated(),
+                                                 trace.gpu_high if trace else 0)
+        result["peak_gpu_reserved_bytes"] = max(torch.cuda.max_memory_reserved(),
+                                                trace.gpu_reserved_high if trace else 0)
     del keep_alive
 
 
@@ -860,6 +864,7 @@ class Phase:
     start_bytes: int
     peak_bytes: int
     entries: int = 1
+    gpu_peak_bytes: int | None = None  # torch's peak allocated GPU bytes in it (None: no CUDA)
 
 
 #: The environment variable naming the file a worker's PhaseTrace keeps its current phase in.
@@ -867,7 +872,9 @@ PHASE_FILE_ENV = "KIT_PHASE_FILE"
 
 
 class PhaseTrace:
-    """Peak RSS per named phase. ``enter(name)`` switches phase (a phase entered again, like one
+    """Peak RSS per named phase, and peak allocated GPU memory per phase where CUDA is in use
+    (torch's peak counters are reset at each switch; :attr:`gpu_high` keeps the largest of the
+    phases closed so far). ``enter(name)`` switches phase (a phase entered again, like one
     training step's forward and backward after another, keeps one peak); ``stop()`` returns them in
     the order they first began."""
 
@@ -887,6 +894,8 @@ class PhaseTrace:
         # On Linux a process started by fork and exec inherits its parent's RSS at the fork as its
         # first high-water mark: only a mark above this one is the process's own.
         self.inherited_high_water = self._high_water
+        self.gpu_high = 0  # peak allocated GPU bytes over the phases closed so far
+        self.gpu_reserved_high = 0
 
     def _sample(self) -> int:
         rss = self._process.memory_info().rss
@@ -905,10 +914,25 @@ class PhaseTrace:
         during it, that high was this phase's."""
         self._sample()
         high = high_water_bytes()
+        gpu = self._gpu_peak_since_last()
         with self._lock:
             if self._current is not None and high > self._high_water:
                 self._current.peak_bytes = max(self._current.peak_bytes, high)
+            if self._current is not None and gpu is not None:
+                self._current.gpu_peak_bytes = max(self._current.gpu_peak_bytes or 0, gpu)
             self._high_water = high
+
+    def _gpu_peak_since_last(self) -> int | None:
+        """torch's peak allocated GPU bytes since the last switch (then reset), or None where this
+        process has not started CUDA."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        peak = torch.cuda.max_memory_allocated()
+        self.gpu_high = max(self.gpu_high, peak)
+        self.gpu_reserved_high = max(self.gpu_reserved_high, torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        return peak
 
     def enter(self, name: str) -> None:
         """From now on, RSS counts towards ``name``."""

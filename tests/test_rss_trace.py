@@ -87,3 +87,40 @@ def test_a_spike_the_sampler_missed_is_caught_by_the_kernels_high_water_mark():
     rise = _run_fresh(UNSAMPLED)
     assert rise["spike"] >= 280, rise
     assert rise["calm"] < 50 and rise["after"] < 50, rise
+
+
+def test_each_phase_keeps_its_own_gpu_peak_and_the_run_keeps_the_largest(monkeypatch):
+    """torch's GPU peak counter is read and reset at each switch: a phase's peak is its own (a
+    trace that never reset would give every later phase the first one's), the largest is kept."""
+    import torch
+
+    allocated = {"now": 0, "peak": 0}
+
+    def grow(nbytes):
+        allocated["now"] += nbytes
+        allocated["peak"] = max(allocated["peak"], allocated["now"])
+
+    def reset():
+        allocated["peak"] = allocated["now"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: allocated["peak"] + 1)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    trace = runner.PhaseTrace()
+    trace.enter("deepspeed.initialize")
+    grow(3_000)
+    grow(-2_500)  # the whole model on the device, then partitioned
+    trace.enter("forward and backward")
+    grow(1_000)
+    grow(-1_000)
+    phases = {p["name"]: p["gpu_peak_bytes"] for p in trace.stop()}
+    assert phases == {"deepspeed.initialize": 3_000, "forward and backward": 1_500}
+    assert trace.gpu_high == 3_000 and trace.gpu_reserved_high == 3_001
+
+
+def test_without_cuda_no_phase_has_a_gpu_peak():
+    trace = runner.PhaseTrace()
+    trace.enter("only")
+    assert [p["gpu_peak_bytes"] for p in trace.stop()] == [None] and trace.gpu_high == 0
