@@ -873,8 +873,8 @@ PHASE_FILE_ENV = "KIT_PHASE_FILE"
 
 class PhaseTrace:
     """Peak RSS per named phase, and peak allocated GPU memory per phase where CUDA is in use
-    (torch's peak counters are reset at each switch; :attr:`gpu_high` keeps the largest of the
-    phases closed so far). ``enter(name)`` switches phase (a phase entered again, like one
+    (the trace owns torch's peak counters while it runs: it resets them at each switch, so read a
+    run's GPU peak from :attr:`gpu_high`, the largest of the phases closed so far, not from torch). ``enter(name)`` switches phase (a phase entered again, like one
     training step's forward and backward after another, keeps one peak); ``stop()`` returns them in
     the order they first began."""
 

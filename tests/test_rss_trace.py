@@ -120,6 +120,27 @@ def test_each_phase_keeps_its_own_gpu_peak_and_the_run_keeps_the_largest(monkeyp
     assert trace.gpu_high == 3_000 and trace.gpu_reserved_high == 3_001
 
 
+def test_the_fine_tunes_watch_reports_the_whole_runs_gpu_peak(monkeypatch):
+    """Notebook 06's fine-tune reads its GPU peak through a trace: the peak of the whole run, not
+    what came after the trace's last reset (a watch that read torch's counter after stop() gave
+    the GPU run 2.15 GiB for a 3.08 GiB fine-tune)."""
+    import torch
+
+    from helpers.lessons import biggest_model
+
+    allocated = {"now": 0, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda: allocated.update(peak=allocated["now"]))
+    watch = biggest_model.Watch()
+    allocated.update(now=500, peak=3_000)  # the fine-tune's steps peaked at 3,000 bytes
+    run = watch.stop(1.0, [2.0, 1.0], [0.5, 0.5], 0, 64)
+    assert run.peak_gpu_allocated_bytes == 3_000
+
+
 def test_without_cuda_no_phase_has_a_gpu_peak():
     trace = runner.PhaseTrace()
     trace.enter("only")

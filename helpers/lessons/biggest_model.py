@@ -672,7 +672,9 @@ class Watch:
 
         phases = self._trace.stop()  # its peak takes the kernel's high-water mark where it rose
         peak = max(p["peak_bytes"] for p in phases)
-        gpu = torch.cuda.max_memory_allocated() if self._cuda else None
+        # the trace reads (and resets) torch's GPU peak at each phase it closes: its record holds
+        # the whole fine-tune's, torch's own counter only what came after
+        gpu = self._trace.gpu_high if self._cuda else None
         return FinetuneRun(list(losses), list(step_seconds), int(skipped_steps), tokens_per_step,
                            wall_s, peak, gpu, offload_of(engine), offload_of(engine, "param"), phases)
 
