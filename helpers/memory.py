@@ -97,6 +97,20 @@ ZERO_INIT_HOST_BYTES = int(0.38 * GiB)
 #: tied; TinyLlama 1.1B, untied): 0.83 GiB in each, within 0.01 GiB. For models of 355M and up
 #: this moment, not training, is the host's peak when nothing is offloaded.
 HOST_BUILD_BASE = int(0.83 * GiB)
+#: ZeRO-3 with the optimizer offloaded, the moment a large trained parameter's gradient is made
+#: (a tied head's, in the first step of backward) and handed to the host: bytes per element of that
+#: parameter beside its gathered weight, DeepSpeed's fp16 gradient and the fp32 copy it makes for
+#: the host (stage3.py, ``grad_buffer.to(dtype=master_weights_and_grads_dtype)``): 2 + 4.
+GRAD_OFFLOAD_BYTES = 6
+#: ...and this much more per element where the model was built outside ``zero.Init`` (measured,
+#: not yet traced in DeepSpeed's code). In T4 emulation (docs/gpu_runs.md run 32) a
+#: Llama-3.2-1B-shaped model (128k tied vocabulary, 263M-element embedding) built on the host,
+#: ZeRO-3 + NVMe at 2 x 512, peaked at 3.75 GB in forward and backward, which the logits (2.4 GB
+#: predicted) did not explain: about 10 bytes per element in all (3.68 GB predicted with them).
+#: Built under zero.Init, the rungs of notebook 06 (GPT-2 2.7B, SmolLM2-1.7B, TinyLlama-1.1B-shaped)
+#: bound the hand-off to 7.6 bytes or less; the same Llama at stage 3 + CPU offload, 2 x 1024, built
+#: on the host, measured 4.01 GB, predicted 4.03 with it.
+GRAD_OFFLOAD_HOST_BUILT_BYTES = 4
 
 
 def layer_activation_bytes(model: "ModelInfo", tokens: int, w: int = HALF) -> int:
@@ -134,17 +148,18 @@ def activation_bytes(
     only) plus the loss's logits (:data:`LOGIT_BYTES`); with checkpointing the recomputed layer
     comes after the logits' buffers are freed, so the larger of the two counts.
     ``"end of backward"``: what remains while the last gradients are made (checkpointed inputs
-    and one layer)."""
+    and one layer). ``"head's backward"``: the moment the output head's gradients are made, the
+    loss's fp32 buffers freed and only the logits' half-precision gradient left of them."""
     layer = layer_activation_bytes(model, tokens, w)
     logits = tokens * model.vocab * LOGIT_BYTES
     head = tokens * model.hidden * (FP32 + 2 * w if model.rms_norm else 2 * w)
+    kept = model.n_layer * (tokens * model.hidden * w if grad_ckpt else layer) + head
+    at_head = kept + tokens * model.vocab * w
     if grad_ckpt:
-        inputs = model.n_layer * tokens * model.hidden * w
-        return {
-            "start of backward": inputs + head + max(logits, layer),
-            "end of backward": inputs + layer,
-        }
-    return {"start of backward": model.n_layer * layer + head + logits, "end of backward": layer}
+        return {"start of backward": kept + max(logits, layer),
+                "end of backward": kept - head + layer, "head's backward": at_head}
+    return {"start of backward": kept + logits, "end of backward": layer,
+            "head's backward": at_head}
 
 
 def model_states(
@@ -420,8 +435,11 @@ def _gpu_phases(
     w: int,
     zero_init: bool = False,
     trainable: int | None = None,
+    largest_trained: int | None = None,
 ) -> dict[str, dict[str, int]]:
-    """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`)."""
+    """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`).
+    ``largest_trained``: elements of the largest parameter that trains (None: the model's
+    largest)."""
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     t = p if trainable is None else trainable
@@ -476,6 +494,13 @@ def _gpu_phases(
             "grads": w * t,
             **({"tied gradient": tied} if tied else {}),
         }
+    if stage == 3 and _offload(zero, "offload_optimizer"):
+        # the head's gradient made and handed to the host: see GRAD_OFFLOAD_BYTES
+        largest = model.largest_param_numel if largest_trained is None else largest_trained
+        phases["gradient to the host"] = {
+            **at_logits, "activations": acts["head's backward"],
+            "gradient hand-off": int((GRAD_OFFLOAD_BYTES + (
+                0 if zero_init else GRAD_OFFLOAD_HOST_BUILT_BYTES)) * min(largest, t))}
     if stage == 3 and not zero_init:
         # deepspeed.initialize casts a model built without zero.Init and moves it whole to the
         # device before ZeRO-3 partitions it (engine._configure_distributed_model): fit half,
@@ -584,7 +609,8 @@ def estimate(
     states = model_states(model, config, world_size, trainable)
     est = Estimate()
     phases = _gpu_phases(
-        model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init, trainable
+        model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init, trainable,
+        grouped.largest_param_numel,
     )
     when = max(phases, key=lambda k: sum(phases[k].values()))
     dev = "gpu" if on_gpu else "cpu"

@@ -72,13 +72,27 @@ def test_each_new_rule_follows_its_cause():
     assert "untied head" not in memory.estimate(untied, plain, micro_batch=1).parts["cpu"]
     s3 = config.build(stage=3, micro_batch=1, trainer=False, precision="fp16", pin_memory=False,
                       offload_optimizer="cpu", offload_param="cpu")
-    est = memory.estimate(llama, s3, micro_batch=1, seq_len=128)
+    gpt_xl = memory.ModelInfo.for_shape("gpt2-1.5b")
+    est = memory.estimate(gpt_xl, s3, micro_batch=1, seq_len=128)
     assert est.phase["gpu"] == "deepspeed.initialize"
-    assert est.total("gpu") == 2 * llama.n_params
+    assert est.total("gpu") == 2 * gpt_xl.n_params
     # built partitioned under zero.Init: neither the whole-model move nor the host's fp32 build
-    inited = memory.estimate(llama, s3, micro_batch=1, seq_len=128, zero_init=True)
+    inited = memory.estimate(gpt_xl, s3, micro_batch=1, seq_len=128, zero_init=True)
     assert inited.phase["gpu"] != "deepspeed.initialize"
     assert "model build" not in inited.parts["cpu"]
+    # a 128k tied vocabulary: handing the head's gradient to the host outweighs the whole fp16
+    # model (measured: 3.75 GB in forward and backward against 2.47 at initialize); frozen, the
+    # embedding has no gradient to hand over and the largest trained matrix's is small
+    est = memory.estimate(llama, s3, micro_batch=1, seq_len=128)
+    assert est.phase["gpu"] == "gradient to the host"
+    per_element = memory.GRAD_OFFLOAD_BYTES + memory.GRAD_OFFLOAD_HOST_BUILT_BYTES
+    assert est.parts["gpu"]["gradient hand-off"] == int(per_element * llama.vocab * llama.hidden)
+    frozen = memory.estimate(llama, s3, micro_batch=1, seq_len=128, frozen_embeddings=True)
+    assert frozen.phase["gpu"] == "deepspeed.initialize"
+    no_offload = config.build(stage=3, micro_batch=1, trainer=False, precision="fp16",
+                              pin_memory=False)
+    assert memory.estimate(llama, no_offload, micro_batch=1, seq_len=128,
+                           zero_init=True).phase["gpu"] != "gradient to the host"
     s3_gpu = config.build(stage=3, micro_batch=1, trainer=False, precision="fp16", pin_memory=False)
     gpt = memory.ModelInfo.for_shape("gpt2-774m")
     est = memory.estimate(gpt, s3_gpu, micro_batch=1, seq_len=512)
