@@ -466,7 +466,7 @@ def quiet_collective_deprecations() -> bool:
     return bool(missing)
 
 
-#: Every workaround, by what it does: :func:`apply_all` installs them in this order.
+#: Every workaround, by what it does, in the order :func:`install_needed` installs them.
 FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("ZeRO-3 checks offloaded gradients for overflow in slices", fix_stage3_overflow_check),
          ("partial offload's GPU part follows the learning-rate schedule", fix_partial_offload_schedule),
@@ -478,11 +478,6 @@ FIXES = (("zero.Init keeps the given dtype", fix_zero_init_dtype),
          ("stage 0 in fp16 starts Adam's step count at 0", fix_stage0_fp16_adam_step_count),
          ("torch's deprecation of the collectives DeepSpeed calls each step is not repeated",
           quiet_collective_deprecations))
-
-
-def apply_all() -> list[str]:
-    """Install every workaround; returns the names of those this call installed."""
-    return [name for name, fix in FIXES if fix()]
 
 
 #: The fixes that change no result (time and noise only): what a notebook's kit cell installs.

@@ -103,7 +103,7 @@ HOST_BUILD_BASE = int(0.83 * GiB)
 #: the host (stage3.py, ``grad_buffer.to(dtype=master_weights_and_grads_dtype)``): 2 + 4.
 GRAD_OFFLOAD_BYTES = 6
 #: ...and this much more per element where the model was built outside ``zero.Init`` (measured,
-#: not yet traced in DeepSpeed's code). In T4 emulation (docs/gpu_runs.md run 32) a
+#: not yet traced in DeepSpeed's code). In T4 emulation (docs/gpu_runs.md, 2026-12-06) a
 #: Llama-3.2-1B-shaped model (128k tied vocabulary, 263M-element embedding) built on the host,
 #: ZeRO-3 + NVMe at 2 x 512, peaked at 3.75 GB in forward and backward, which the logits (2.4 GB
 #: predicted) did not explain: about 10 bytes per element in all (3.68 GB predicted with them).

@@ -33,7 +33,8 @@ from helpers import deepspeed_fixes
 accel, out = get_accelerator(), {}
 for fixed in (False, True):
     if fixed:
-        deepspeed_fixes.apply_all()
+        for _, fix in deepspeed_fixes.FIXES:  # every fix
+            fix()
     for fp16 in (True, False):
         accel.is_fp16_supported = lambda fp16=fp16: fp16
         # The dtype Init keeps is what NVMe parameter swapping allocates its buffers in.
@@ -59,11 +60,12 @@ def test_without_the_fix_deepspeed_turns_float32_into_bfloat16_when_fp16_is_miss
     assert dtypes["fixed=False fp16=False"] == "torch.bfloat16"
 
 
-def test_apply_all_is_idempotent():
+def test_every_fix_is_idempotent():
     from helpers import deepspeed_fixes
 
-    deepspeed_fixes.apply_all()
-    assert deepspeed_fixes.apply_all() == []
+    for _, fix in deepspeed_fixes.FIXES:
+        fix()
+    assert [name for name, fix in deepspeed_fixes.FIXES if fix()] == []
 
 
 # One fresh process: ZeRO-3 with the optimizer offloaded to the CPU (the gradient buffer in host
@@ -496,7 +498,8 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 import deepspeed
 from helpers import deepspeed_fixes
-deepspeed_fixes.apply_all()
+for _, fix in deepspeed_fixes.FIXES:  # every fix
+    fix()
 device, work = sys.argv[1], tempfile.mkdtemp(prefix="kit_resume_")
 offload = {"device": device}
 if device == "nvme":

@@ -465,7 +465,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments, default_data_collator
 from helpers import data, deepspeed_fixes, models
 from helpers.lessons import zero2_training, zero_or_lora
-deepspeed_fixes.apply_all()
+for _, fix in deepspeed_fixes.FIXES:  # every fix
+    fix()
 out = sys.argv[1]
 folder = str(models.save_offline_model(os.path.join(out, "model"), "tiny"))
 tok = models.offline_tokenizer()
