@@ -40,7 +40,7 @@ LAYERS: list[dict[str, str]] = [
     {
         "show": "units (GiB, GB), table cells, tables (HTML and text), source, figures",
         "colab": "the repository's address, the setup cell, badges, the lock, Colab's packages",
-        "deepspeed_fixes": "fixes for DeepSpeed bugs the kit meets, applied before every engine",
+        "deepspeed_fixes": "fixes for DeepSpeed bugs the kit meets, each run installs those it needs",
         "data": "real text offline (Python's docs), a generated corpus, blocks, the Hub's text",
         "taught": "generated from the notebooks' export cells: the lesson code the kit's runs call",
     },

@@ -1,8 +1,9 @@
 """Workarounds for DeepSpeed bugs the kit runs into: each one small, applied by an explicit call,
 safe to call twice, and explained in docs/deepspeed_gaps.md.
 
-The kit's measured runs install, before ``deepspeed.initialize``, only the fixes their config needs
-(:func:`install_needed`; helpers.runner does, and records them with the run). A lesson calls, in its own visible code, each fix its results depend on
+The kit's measured runs install, before ``deepspeed.initialize``, only the fixes their config
+needs (:func:`install_needed`; helpers.runner does, and records them with the run). A lesson
+calls, in its own visible code, each fix its results depend on
 (:func:`needed_by` says which a config needs; :func:`lesson_claim` checks that the lesson did);
 the notebooks' kit cells install only what changes no result (:func:`apply_kit_only`). In your own
 project: ``pip install "zero-kit @ git+https://github.com/zero-kit/zero-kit"`` (or copy this one

@@ -99,17 +99,19 @@ ZERO_INIT_HOST_BYTES = int(0.38 * GiB)
 HOST_BUILD_BASE = int(0.83 * GiB)
 #: ZeRO-3 with the optimizer offloaded, the moment a large trained parameter's gradient is made
 #: (a tied head's, in the first step of backward) and handed to the host: bytes per element of that
-#: parameter beside its gathered weight, DeepSpeed's fp16 gradient and the fp32 copy it makes for
-#: the host (stage3.py, ``grad_buffer.to(dtype=master_weights_and_grads_dtype)``): 2 + 4.
-GRAD_OFFLOAD_BYTES = 6
-#: ...and this much more per element where the model was built outside ``zero.Init`` (measured,
-#: not yet traced in DeepSpeed's code). In T4 emulation (docs/gpu_runs.md, 2026-12-06) a
-#: Llama-3.2-1B-shaped model (128k tied vocabulary, 263M-element embedding) built on the host,
-#: ZeRO-3 + NVMe at 2 x 512, peaked at 3.75 GB in forward and backward, which the logits (2.4 GB
-#: predicted) did not explain: about 10 bytes per element in all (3.68 GB predicted with them).
-#: Built under zero.Init, the rungs of notebook 06 (GPT-2 2.7B, SmolLM2-1.7B, TinyLlama-1.1B-shaped)
-#: bound the hand-off to 7.6 bytes or less; the same Llama at stage 3 + CPU offload, 2 x 1024, built
-#: on the host, measured 4.01 GB, predicted 4.03 with it.
+#: parameter beside its gathered weight. Autograd's fp16 gradient is the whole parameter's (2);
+#: the fp32 copy DeepSpeed makes for the host is of this rank's partition (stage3.py,
+#: ``grad_buffer.to(dtype=master_weights_and_grads_dtype)``: 4 over the ranks).
+GRAD_OFFLOAD_BYTES, GRAD_OFFLOAD_PARTITION_BYTES = 2, 4
+#: ...and this much more per element of the partition where the model was built outside
+#: ``zero.Init`` (measured, not yet traced in DeepSpeed's code: its per-rank scaling is assumed).
+#: In T4 emulation (docs/gpu_runs.md, 2026-12-06) a Llama-3.2-1B-shaped model (128k tied
+#: vocabulary, 263M-element embedding) built on the host, ZeRO-3 + NVMe at 2 x 512, peaked at
+#: 3.75 GB in forward and backward, which the logits (2.4 GB predicted) did not explain: about 10
+#: bytes per element in all (3.68 GB predicted with them). Built under zero.Init, the rungs of
+#: notebook 06 (GPT-2 2.7B, SmolLM2-1.7B, TinyLlama-1.1B-shaped) bound the hand-off to 7.6 bytes or
+#: less. The same Llama at stage 3 + CPU offload, 2 x 1024 (4.01 GB measured) is consistent with it
+#: but no test of it: its logits predict the same peak.
 GRAD_OFFLOAD_HOST_BUILT_BYTES = 4
 
 
@@ -495,12 +497,13 @@ def _gpu_phases(
             **({"tied gradient": tied} if tied else {}),
         }
     if stage == 3 and _offload(zero, "offload_optimizer"):
-        # the head's gradient made and handed to the host: see GRAD_OFFLOAD_BYTES
-        largest = model.largest_param_numel if largest_trained is None else largest_trained
+        # the head's gradient made and handed to the host: see GRAD_OFFLOAD_BYTES (with LoRA, whose
+        # largest adapter is not known here, all the trained elements: an upper bound)
+        largest = min(model.largest_param_numel if largest_trained is None else largest_trained, t)
+        per_rank = GRAD_OFFLOAD_PARTITION_BYTES + (0 if zero_init else GRAD_OFFLOAD_HOST_BUILT_BYTES)
         phases["gradient to the host"] = {
             **at_logits, "activations": acts["head's backward"],
-            "gradient hand-off": int((GRAD_OFFLOAD_BYTES + (
-                0 if zero_init else GRAD_OFFLOAD_HOST_BUILT_BYTES)) * min(largest, t))}
+            "gradient hand-off": int((GRAD_OFFLOAD_BYTES + per_rank / n) * largest)}
     if stage == 3 and not zero_init:
         # deepspeed.initialize casts a model built without zero.Init and moves it whole to the
         # device before ZeRO-3 partitions it (engine._configure_distributed_model): fit half,
@@ -574,17 +577,20 @@ def estimate(
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
-    The device's peak is the largest of three moments of a step (``Estimate.phase`` says which):
+    The device's peak is the largest of the moments of a step (``Estimate.phase`` says which):
     the start of backward (resident states, DeepSpeed's buckets, every saved activation and the
     loss's fp32 logits; gradients not yet made), the end of backward (gradients made, activations
-    nearly gone) and the optimizer step (its temporaries). Model states follow
+    nearly gone) and the optimizer step (its temporaries); where they apply, the gradients after
+    backward (ZeRO-1/2 with offload), the overflow check and the whole-model move at
+    ``deepspeed.initialize`` (ZeRO-3), and a large gradient handed to the host (ZeRO-3 with the
+    optimizer offloaded). Model states follow
     :func:`model_states`; activations follow :func:`activation_bytes` (attention and MLP per
     architecture, grouped-query heads and the MLP width included). Host RAM: the process base, what
     stays of the model built before ``deepspeed.initialize`` (unless ``zero_init`` builds it
     partitioned), offloaded states and their buffers. Without a GPU (``on_gpu=False``) the device
     is the host: its states and activations add to the host's figures. ``sliced_overflow_check``:
     whether ZeRO-3's overflow check over host buffers runs in slices (the kit's
-    ``deepspeed_fixes.fix_stage3_overflow_check``, applied before every engine it starts) or over
+    ``deepspeed_fixes.fix_stage3_overflow_check``, installed by every ZeRO-3 run with offload) or over
     the whole buffer (DeepSpeed 0.19.8 as it comes: about 2.6 bytes per parameter more).
     ``trainable``: how many parameters train (LoRA's adapters; None: all of them): gradients,
     optimizer states and their buffers count only those (:func:`model_states`).

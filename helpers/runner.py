@@ -226,6 +226,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     # Only the fixes this config needs (a stage 2 run gets none that changes a result), named in
     # the result so the tables can say which ran: a lesson's figure never leans on a hidden one.
     deepspeed_fixes.install_needed(config, in_kernel=False, on_cpu=not cuda, destroys=False)
+    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # kept if the run fails from here on
     model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
     keep_alive = None
     if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
@@ -245,7 +246,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         schedule = lambda optimizer: get_scheduler(optimizer=optimizer, **spec.lr_schedule)  # noqa: E731
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config,
                                       lr_scheduler=schedule)
-    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # what this process installed, all of it
+    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # and whatever initialize added
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
     if spec.text_path:
@@ -458,8 +459,21 @@ def run(spec: RunSpec, log_path: str | os.PathLike | None = None, entry: str = T
     result = run_ranks(asdict(spec), entry, spec.world_size, spec.label or _label(spec.ds_config),
                        timeout_s=spec.timeout_s, ram_limit_bytes=spec.ram_limit_bytes,
                        force_cpu=spec.force_cpu, log_path=log_path, merge=_merge)
+    if not result.ranks:  # killed before any rank wrote its result: it had installed, at its
+        # start, what its config needs
+        from helpers import deepspeed_fixes
+
+        on_cpu = spec.force_cpu or not _cuda_available()
+        result.deepspeed_fixes = sorted(deepspeed_fixes.needed_by(
+            spec.ds_config, in_kernel=False, on_cpu=on_cpu, destroys=False))
     report({"shape": spec.shape, **asdict(result)})
     return result
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_ranks(payload: dict, entry: str, world_size: int, label: str, *, timeout_s: int,
@@ -666,15 +680,16 @@ def fixes_note(results: list[RunResult], labels: list[str] | None = None) -> str
     needs: helpers.deepspeed_fixes.needed_by), for the line under a table of runs; each run named
     by its label (or ``labels``, one per run, as the table names its rows)."""
     by_fix: dict[str, list[str]] = {}
-    for r, label in zip(results, labels or [r.label for r in results]):
+    names = labels if labels is not None else [r.label for r in results]
+    for r, label in zip(results, names, strict=True):
         for name in r.deepspeed_fixes:
             by_fix.setdefault(name, []).append(label)
     if not by_fix:
         return "DeepSpeed fixes: these runs needed none of the kit's (helpers.deepspeed_fixes)."
-    return ("DeepSpeed fixes these runs installed (helpers.deepspeed_fixes, each in "
+    note = ("DeepSpeed fixes these runs installed (helpers.deepspeed_fixes, each in "
             "docs/deepspeed_gaps.md): " + "; ".join(f"{name} in {', '.join(labels)}"
-                                                   for name, labels in by_fix.items())
-            + "; the other runs none.")
+                                                   for name, labels in by_fix.items()))
+    return note + ("; the other runs none." if any(not r.deepspeed_fixes for r in results) else ".")
 
 
 def results_table(results: list[RunResult]) -> Table:
@@ -858,7 +873,8 @@ def high_water_bytes() -> int:
 
 @dataclass
 class Phase:
-    """One phase: RSS when it first began, the highest RSS seen while in it, how often it began."""
+    """One phase: RSS when it first began, the highest RSS seen while in it, how often it began,
+    and the highest allocated GPU memory in it."""
 
     name: str
     start_bytes: int
@@ -872,11 +888,12 @@ PHASE_FILE_ENV = "KIT_PHASE_FILE"
 
 
 class PhaseTrace:
-    """Peak RSS per named phase, and peak allocated GPU memory per phase where CUDA is in use
-    (the trace owns torch's peak counters while it runs: it resets them at each switch, so read a
-    run's GPU peak from :attr:`gpu_high`, the largest of the phases closed so far, not from torch). ``enter(name)`` switches phase (a phase entered again, like one
-    training step's forward and backward after another, keeps one peak); ``stop()`` returns them in
-    the order they first began."""
+    """Peak RSS per named phase, and peak allocated GPU memory per phase where CUDA is in use.
+    ``enter(name)`` switches phase (a phase entered again, like one training step's forward and
+    backward after another, keeps one peak); ``stop()`` returns them in the order they first
+    began. The trace owns torch's peak counters while it runs: it resets them at each switch, so
+    read a run's GPU peak from :attr:`gpu_high` (the largest of the phases closed so far), not
+    from torch."""
 
     def __init__(self, interval_s: float = 0.02, marker: str | os.PathLike | None = None):
         import psutil
@@ -914,7 +931,7 @@ class PhaseTrace:
         during it, that high was this phase's."""
         self._sample()
         high = high_water_bytes()
-        gpu = self._gpu_peak_since_last()
+        gpu = self._gpu_peak_since_last(counted=self._current is not None)
         with self._lock:
             if self._current is not None and high > self._high_water:
                 self._current.peak_bytes = max(self._current.peak_bytes, high)
@@ -922,16 +939,23 @@ class PhaseTrace:
                 self._current.gpu_peak_bytes = max(self._current.gpu_peak_bytes or 0, gpu)
             self._high_water = high
 
-    def _gpu_peak_since_last(self) -> int | None:
+    def _gpu_peak_since_last(self, counted: bool) -> int | None:
         """torch's peak allocated GPU bytes since the last switch (then reset), or None where this
-        process has not started CUDA."""
+        process has not started CUDA (or CUDA cannot answer, after an error of its own). Before
+        the first phase (``counted`` false) the counters are only reset: a peak from before the
+        trace began is not its."""
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        try:
+            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            peak = torch.cuda.max_memory_allocated()
+            reserved = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+        except RuntimeError:  # a CUDA error must not hide the run's own
             return None
-        peak = torch.cuda.max_memory_allocated()
-        self.gpu_high = max(self.gpu_high, peak)
-        self.gpu_reserved_high = max(self.gpu_reserved_high, torch.cuda.max_memory_reserved())
-        torch.cuda.reset_peak_memory_stats()
+        if counted:
+            self.gpu_high = max(self.gpu_high, peak)
+            self.gpu_reserved_high = max(self.gpu_reserved_high, reserved)
         return peak
 
     def enter(self, name: str) -> None:
@@ -954,7 +978,8 @@ class PhaseTrace:
             self._thread.start()
 
     def stop(self) -> list[dict]:
-        """End the trace; the phases as dicts (name, start_bytes, peak_bytes, entries)."""
+        """End the trace; the phases as dicts (name, start_bytes, peak_bytes, entries,
+        gpu_peak_bytes)."""
         self._close_current()
         self._done.set()
         if self._thread.is_alive():

@@ -74,6 +74,13 @@ def test_out_of_memory_is_a_status(monkeypatch, tmp_path):
 def test_a_run_past_its_ram_budget_is_killed_and_reported():
     r = runner.measure(spec(ram_limit_bytes=50 * 2**20))
     assert r.status == runner.KILLED_RAM and "budget" in r.message
+    assert r.deepspeed_fixes == []  # stage 2: none, also for a run killed before it wrote a result
+    killed3 = runner.measure(runner.RunSpec(
+        ds_config=config.build(stage=3, offload_optimizer="cpu", **CPU_FP32), shape="tiny",
+        force_cpu=True, ram_limit_bytes=50 * 2**20))
+    # killed before any rank wrote its result: what it installed at its start is still named
+    assert killed3.status == runner.KILLED_RAM and killed3.ranks == []
+    assert killed3.deepspeed_fixes == ["fix_stage3_overflow_check"]
 
 
 #: An entry point that grows its RAM inside a named phase until the parent kills it.
@@ -131,6 +138,9 @@ def test_a_run_installs_the_fixes_its_config_needs_and_the_table_names_them():
     note = runner.fixes_note([offloaded, plain])
     assert "fix_stage3_overflow_check in stage 3 + opt->cpu;" in note and "stage 2" not in note
     assert "needed none" in runner.fixes_note([plain])
+    assert runner.fixes_note([offloaded]).endswith("stage 3 + opt->cpu.")  # no "other runs"
+    with pytest.raises(ValueError):  # a label for every run, or the note would drop runs
+        runner.fixes_note([offloaded, plain], ["only one"])
     assert runner.results_table([offloaded, plain]).note == note
 
 

@@ -89,25 +89,28 @@ def test_a_spike_the_sampler_missed_is_caught_by_the_kernels_high_water_mark():
     assert rise["calm"] < 50 and rise["after"] < 50, rise
 
 
+def fake_cuda(monkeypatch, allocated: dict, reserved_extra: int = 0) -> None:
+    """torch.cuda's peak counters as a dict: ``now`` allocated, ``peak`` since the last reset."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: allocated["peak"] + reserved_extra)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda: allocated.update(peak=allocated["now"]))
+
+
 def test_each_phase_keeps_its_own_gpu_peak_and_the_run_keeps_the_largest(monkeypatch):
     """torch's GPU peak counter is read and reset at each switch: a phase's peak is its own (a
     trace that never reset would give every later phase the first one's), the largest is kept."""
-    import torch
-
     allocated = {"now": 0, "peak": 0}
 
     def grow(nbytes):
         allocated["now"] += nbytes
         allocated["peak"] = max(allocated["peak"], allocated["now"])
 
-    def reset():
-        allocated["peak"] = allocated["now"]
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: allocated["peak"] + 1)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    fake_cuda(monkeypatch, allocated, reserved_extra=1)
     trace = runner.PhaseTrace()
     trace.enter("deepspeed.initialize")
     grow(3_000)
@@ -124,24 +127,32 @@ def test_the_fine_tunes_watch_reports_the_whole_runs_gpu_peak(monkeypatch):
     """Notebook 06's fine-tune reads its GPU peak through a trace: the peak of the whole run, not
     what came after the trace's last reset (a watch that read torch's counter after stop() gave
     the GPU run 2.15 GiB for a 3.08 GiB fine-tune)."""
-    import torch
-
     from helpers.lessons import biggest_model
 
     allocated = {"now": 0, "peak": 0}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: allocated["peak"])
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
-                        lambda: allocated.update(peak=allocated["now"]))
+    fake_cuda(monkeypatch, allocated)
     watch = biggest_model.Watch()
     allocated.update(now=500, peak=3_000)  # the fine-tune's steps peaked at 3,000 bytes
     run = watch.stop(1.0, [2.0, 1.0], [0.5, 0.5], 0, 64)
     assert run.peak_gpu_allocated_bytes == 3_000
 
 
-def test_without_cuda_no_phase_has_a_gpu_peak():
+def test_a_peak_from_before_the_watch_is_not_the_fine_tunes(monkeypatch):
+    """A kernel that peaked before the fine-tune (a cell run again, an earlier model) must not
+    lend that peak to it."""
+    from helpers.lessons import biggest_model
+
+    allocated = {"now": 0, "peak": 9_000}  # an earlier cell's peak, still in torch's counter
+    fake_cuda(monkeypatch, allocated)
+    watch = biggest_model.Watch()
+    allocated.update(now=500, peak=3_000)
+    assert watch.stop(1.0, [2.0, 1.0], [0.5, 0.5], 0, 64).peak_gpu_allocated_bytes == 3_000
+
+
+def test_without_cuda_no_phase_has_a_gpu_peak(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     trace = runner.PhaseTrace()
     trace.enter("only")
     assert [p["gpu_peak_bytes"] for p in trace.stop()] == [None] and trace.gpu_high == 0

@@ -64,7 +64,6 @@ def train(taught: dict, model, dataset, **train_kwargs) -> zero2_training.TrainR
     from helpers import deepspeed_fixes, env
 
     for _, fix in deepspeed_fixes.FIXES:  # every fix
-
         fix()
     env.setup_single_process_dist()  # the launcher's variables for one process (the lesson's cell)
     trainer = Trainer(model=model, args=taught["training_args"](), train_dataset=dataset,
