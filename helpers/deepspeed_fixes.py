@@ -529,15 +529,13 @@ def needed_by(config: dict, *, in_kernel: bool, on_cpu: bool, destroys: bool) ->
     return needs
 
 
-def install_needed(config: dict, *, in_kernel: bool, on_cpu: bool,
-                   destroys: bool) -> dict[str, str]:
-    """Install the fixes :func:`needed_by` names for ``config`` and those of :data:`KIT_ONLY`;
-    returns the first (name: what goes wrong without it), for the run to record."""
+def install_needed(config: dict, *, in_kernel: bool, on_cpu: bool, destroys: bool) -> None:
+    """Install the fixes :func:`needed_by` names for ``config`` and those of :data:`KIT_ONLY`
+    (:func:`in_place` then names the first)."""
     needs = needed_by(config, in_kernel=in_kernel, on_cpu=on_cpu, destroys=destroys)
     for _, fix in FIXES:
         if fix.__name__ in needs or fix.__name__ in KIT_ONLY:
             fix()
-    return needs
 
 
 def in_place() -> list[str]:

@@ -226,7 +226,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     # Only the fixes this config needs (a stage 2 run gets none that changes a result), named in
     # the result so the tables can say which ran: a lesson's figure never leans on a hidden one.
     deepspeed_fixes.install_needed(config, in_kernel=False, on_cpu=not cuda, destroys=False)
-    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # kept if the run fails from here on
+    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # recorded before anything can fail
     model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
     keep_alive = None
     if spec.zero_init and config.get("zero_optimization", {}).get("stage") == 3:
@@ -246,7 +246,6 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
         schedule = lambda optimizer: get_scheduler(optimizer=optimizer, **spec.lr_schedule)  # noqa: E731
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config,
                                       lr_scheduler=schedule)
-    result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # and whatever initialize added
     result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
     if spec.text_path:
@@ -461,19 +460,15 @@ def run(spec: RunSpec, log_path: str | os.PathLike | None = None, entry: str = T
                        force_cpu=spec.force_cpu, log_path=log_path, merge=_merge)
     if not result.ranks:  # killed before any rank wrote its result: it had installed, at its
         # start, what its config needs
+        import torch
+
         from helpers import deepspeed_fixes
 
-        on_cpu = spec.force_cpu or not _cuda_available()
+        on_cpu = spec.force_cpu or not torch.cuda.is_available()
         result.deepspeed_fixes = sorted(deepspeed_fixes.needed_by(
             spec.ds_config, in_kernel=False, on_cpu=on_cpu, destroys=False))
     report({"shape": spec.shape, **asdict(result)})
     return result
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def run_ranks(payload: dict, entry: str, world_size: int, label: str, *, timeout_s: int,
