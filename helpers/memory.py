@@ -46,6 +46,13 @@ def cpu_offload_max_params(ram_bytes: int, pin_memory: bool = False, on_gpu: boo
 
 #: Bytes per element of half-precision weights/activations, and the fp32 extras of mixed precision.
 HALF, FP32 = 2, 4
+#: Bytes per weight of a block's linear layer quantized by bitsandbytes to 4-bit NF4 with double
+#: quantization (QLoRA's base): half a byte, one 8-bit scale per 64 weights and one fp32 scale per
+#: 256 of those (Dettmers et al., 2023: 0.127 bits a weight).
+NF4_BYTES = 0.5 + 1 / 64 + FP32 / (64 * 256)
+#: Bytes per parameter of Adam's two moments in bitsandbytes' 8-bit optimizer (one byte each; its
+#: blockwise scales are negligible), in place of fp32's 8.
+ADAM_8BIT_BYTES = 2
 #: Bytes per logit at the loss's peak (the start of backward): transformers' loss upcasts the logits
 #: to fp32; log_softmax keeps its fp32 output, and backward adds its fp32 gradient and the gradient
 #: of log_softmax's input. (The 774M stage-3 run ran out asking for exactly one fp32 logits tensor.)
@@ -165,7 +172,8 @@ def activation_bytes(
 
 
 def model_states(
-    model: "ModelInfo", config: dict, world_size: int = 1, trainable: int | None = None
+    model: "ModelInfo", config: dict, world_size: int = 1, trainable: int | None = None,
+    quantized: bool = False, adam_8bit: bool = False,
 ) -> dict[str, dict[str, int]]:
     """The ZeRO paper's model states per place and kind (params, grads, optimizer), as a rank holds
     them during a step: mixed-precision Adam's 2 + 2 + 12 bytes per parameter, partitioned 12/N at
@@ -175,7 +183,9 @@ def model_states(
 
     ``trainable``: how many of the parameters train (LoRA's adapters, the rest frozen; None: all).
     Every parameter keeps its weights; only the trained ones have gradients and optimizer states
-    (:func:`lora_bytes_per_param`)."""
+    (:func:`lora_bytes_per_param`). ``quantized``: the blocks' linear weights in 4-bit NF4
+    (:data:`NF4_BYTES`, QLoRA; the rest as the precision says). ``adam_8bit``: Adam's moments in
+    8 bits (:data:`ADAM_8BIT_BYTES`)."""
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     t = p if trainable is None else trainable
@@ -192,14 +202,29 @@ def model_states(
         if nbytes:
             out.setdefault(place, {})[kind] = out.get(place, {}).get(kind, 0) + int(nbytes)
 
-    put(host_par or "gpu", "params", p * w / (n if stage == 3 else 1))
+    weights = p * w if not quantized else (p - linear_params(model)) * w + linear_params(model) * NF4_BYTES
+    put(host_par or "gpu", "params", weights / (n if stage == 3 else 1))
     if host_opt:
         # the fp32 gradient partition the offloaded optimizer reads (swapped out with it to NVMe)
         put(host_opt, "grads", t * FP32 / n)
     else:
         put("gpu", "grads", t * w / (n if stage >= 1 else 1))
-    put(host_opt or "gpu", "optimizer", t * (8 + master) / (n if stage >= 1 else 1))
+    adam = ADAM_8BIT_BYTES if adam_8bit else 8
+    put(host_opt or "gpu", "optimizer", t * (adam + master) / (n if stage >= 1 else 1))
     return out
+
+
+def linear_params(model: "ModelInfo") -> int:
+    """The weights of the blocks' linear layers (what QLoRA quantizes and LoRA's
+    ``target_modules="all-linear"`` wraps; not the embedding, the head or the norms): inputs x
+    outputs per matrix, laid out as :func:`lora_params` lays them."""
+    h, i = model.hidden, model.intermediate
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    if model.family == "gpt2":
+        per_layer = h * 3 * h + h * h + 2 * h * i
+    else:
+        per_layer = 2 * h * q + 2 * h * kv + (3 if model.gated_mlp else 2) * h * i
+    return per_layer * model.n_layer
 
 
 def lora_params(model: "ModelInfo", rank: int) -> int:
@@ -438,10 +463,11 @@ def _gpu_phases(
     zero_init: bool = False,
     trainable: int | None = None,
     largest_trained: int | None = None,
+    adam_8bit: bool = False,
 ) -> dict[str, dict[str, int]]:
     """The device's bytes at each moment that can set the peak, by kind (see :func:`estimate`).
     ``largest_trained``: elements of the largest parameter that trains (None: the model's
-    largest)."""
+    largest). ``adam_8bit``: Adam's moments in 8 bits (:data:`ADAM_8BIT_BYTES`)."""
     zero = _zero(config)
     stage, n, p = int(zero.get("stage", 0)), max(1, world_size), model.n_params
     t = p if trainable is None else trainable
@@ -517,8 +543,11 @@ def _gpu_phases(
         # 2 and 6); DeepSpeed's buckets (and stage 3's gathered parameters) come on top.
         # (with LoRA, the frozen parameters' weights plus these for the trained ones)
         frozen = p - t
+        # the frozen weights as they are held (QLoRA's quantized: below 2 bytes each)
+        frozen_bytes = on.get("params", w * p) - w * t if stage == 0 else w * frozen
         if stage == 0:
-            step = 24 * t + w * frozen
+            # 8-bit Adam: its moments' 6 bytes a parameter fewer, assumed to come off the same fit
+            step = (24 - (8 - ADAM_8BIT_BYTES if adam_8bit else 0)) * t + frozen_bytes
         elif stage in (1, 2):
             step = 2 * p + 2 * t / n + 18 * t / n
         else:
@@ -574,6 +603,8 @@ def estimate(
     sliced_overflow_check: bool = True,
     trainable: int | None = None,
     frozen_embeddings: bool = False,
+    quantized: bool = False,
+    adam_8bit: bool = False,
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
@@ -596,6 +627,8 @@ def estimate(
     optimizer states and their buffers count only those (:func:`model_states`).
     ``frozen_embeddings``: the input embedding (and a head tied to it) does not train: it leaves
     the trained count and the optimizer's sub-groups (:func:`without_embedding`).
+    ``quantized`` (QLoRA's 4-bit base, loaded quantized straight onto the GPU: no fp32 model built
+    on the host) and ``adam_8bit`` (8-bit moments): :func:`model_states`.
 
     The micro batch and the world size come from ``config`` where it has them in numbers (else 4
     and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
@@ -612,11 +645,11 @@ def estimate(
     if frozen_embeddings and trainable is None:
         trainable = grouped.n_params
     t = p if trainable is None else trainable
-    states = model_states(model, config, world_size, trainable)
+    states = model_states(model, config, world_size, trainable, quantized, adam_8bit)
     est = Estimate()
     phases = _gpu_phases(
         model, config, states, world_size, micro_batch, seq_len, grad_ckpt, w, zero_init, trainable,
-        grouped.largest_param_numel,
+        grouped.largest_param_numel, adam_8bit,
     )
     when = max(phases, key=lambda k: sum(phases[k].values()))
     dev = "gpu" if on_gpu else "cpu"
@@ -629,7 +662,8 @@ def estimate(
         _offload(zero, "offload_param") if stage == 3 else None,
     )
     est.add("cpu", "process", HOST_BASE_GPU if on_gpu else HOST_BASE_CPU)
-    if not (stage == 3 and zero_init):
+    built_on_host = not (stage == 3 and zero_init) and not quantized
+    if built_on_host:
         est.add("cpu", "model build", p * HOST_BUILD_BYTES)
     for place in ("cpu", "nvme"):
         for kind, nbytes in states.get(place, {}).items():
@@ -663,7 +697,7 @@ def estimate(
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
         est.add("cpu", "pinned buffers", t * HOST_PINNED_BYTES / n)
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
-    if not (stage == 3 and zero_init):
+    if built_on_host:
         built = host_build_bytes(model)
         if sum(built.values()) > est.total("cpu"):
             est.parts["cpu"], est.phase["cpu"] = built, "model built"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -77,6 +78,12 @@ class RunSpec:
     # transformers.get_scheduler's arguments (name, num_warmup_steps, num_training_steps): the
     # schedule a Trainer runs, in place of the config's "scheduler" (None: the config's)
     lr_schedule: dict | None = None
+    # BitsAndBytesConfig's arguments: the model's frozen weights loaded quantized (QLoRA, with lora)
+    quantize: dict | None = None
+    # a TrainingArguments optim name ("adamw_bnb_8bit": bitsandbytes' 8-bit AdamW) whose optimizer is
+    # handed to deepspeed.initialize in place of the config's "optimizer" (its lr, betas, eps and
+    # weight decay); None: the config's
+    optimizer: str | None = None
 
     def __post_init__(self) -> None:
         """A config that gives no micro batch in numbers ("auto" is the Trainer's to fill) cannot
@@ -125,6 +132,8 @@ class RunResult:
     wall_s: float = 0.0
     n_trainable: int = 0
     eval_loss: float | None = None  # mean loss on held-out batches after training (eval_batches)
+    # ...and before training, for a run whose model is not the one loaded (a quantized base)
+    eval_loss_before: float | None = None
     ranks: list[dict] = field(default_factory=list)
     rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
     last_phase: str = ""  # the phase rank 0 was in when the parent killed the run (RAM, time)
@@ -244,10 +253,13 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
 
         config.pop("scheduler", None)
         schedule = lambda optimizer: get_scheduler(optimizer=optimizer, **spec.lr_schedule)  # noqa: E731
+    optimizer = None
+    if spec.optimizer:
+        optimizer = client_optimizer(spec.optimizer, trained, config.pop("optimizer", {}))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config,
-                                      lr_scheduler=schedule)
-    result["n_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    result["n_trainable"] = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
+                                      optimizer=optimizer, lr_scheduler=schedule)
+    result["n_params"] = sum(map(numel, model.parameters()))
+    result["n_trainable"] = sum(map(numel, trained))
     if spec.text_path:
         corpus = Path(spec.text_path).read_text()
     else:
@@ -256,6 +268,10 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     corpus, held_out = data.split_held_out(corpus) if spec.eval_batches else (corpus, "")
     rank = int(os.environ.get("RANK", "0"))
     steps = data.batches(corpus, tokenizer, spec.seq_len, spec.micro_batch, spec.steps, seed=spec.seed + rank)
+    held = (data.batches(held_out, tokenizer, spec.seq_len, spec.micro_batch, spec.eval_batches,
+                         seed=spec.seed) if spec.eval_batches else [])
+    if held and spec.quantize:  # a quantized base is not the model as loaded: its own start
+        result["eval_loss_before"] = held_out_loss(engine, held)
     losses, times, scales, step_times = [], [], [], []
     measure_inside(engine, result, step_times, enter, cuda)
     for batch in steps:
@@ -269,9 +285,7 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     result.update(losses=losses, step_times_s=times, loss_scales=scales, steps_done=len(losses),
                   optimizer_step_s=step_times,
                   skipped_steps=int(getattr(engine, "skipped_steps", 0)))
-    if spec.eval_batches:
-        held = data.batches(held_out, tokenizer, spec.seq_len, spec.micro_batch, spec.eval_batches,
-                            seed=spec.seed)
+    if held:
         result["eval_loss"] = held_out_loss(engine, held)
     if cuda:
         # the trace resets torch's peaks at each phase: the run's peak is the larger of its record
@@ -332,8 +346,13 @@ def prepared_model(spec: RunSpec, model_config=None):
         torch.manual_seed(spec.seed)
         # fp32 weights in (a Hub checkpoint may be bf16; DeepSpeed casts); PyTorch's own layers, no Hub kernels
         model, tokenizer = (AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32,
-                                                                 use_kernels=False),
+                                                                 use_kernels=False,
+                                                                 **quantized(spec.quantize)),
                             AutoTokenizer.from_pretrained(spec.model_path))
+        if spec.quantize:  # PEFT's preparation: norms and embedding in fp32, inputs needing grads
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.grad_ckpt)
     else:
         model_config = model_config or models.model_config(
             spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
@@ -346,6 +365,48 @@ def prepared_model(spec: RunSpec, model_config=None):
     if spec.freeze_embeddings:
         freeze_embeddings(model)
     return model, tokenizer
+
+
+def numel(param) -> int:
+    """The elements a parameter stands for: ZeRO-3's whole count for a partitioned one
+    (``ds_numel``), the unpacked shape's for bitsandbytes' 4-bit one (two weights a byte)."""
+    state = getattr(param, "quant_state", None)
+    if state is not None:
+        return math.prod(state.shape)
+    return int(getattr(param, "ds_numel", param.numel()))
+
+
+def quantized(quantize: dict | None) -> dict:
+    """``from_pretrained``'s extra arguments for a model loaded with its weights quantized by
+    bitsandbytes (``BitsAndBytesConfig(**quantize)``, on this rank's GPU where there is one); {}
+    for ``None``."""
+    if not quantize:
+        return {}
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    where = {"device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}} if torch.cuda.is_available() else {}
+    return {"quantization_config": BitsAndBytesConfig(**quantize), **where}
+
+
+def client_optimizer(optim: str, params, section: dict):
+    """The optimizer a Trainer builds for ``TrainingArguments(optim=optim)`` (transformers' own
+    mapping, ``Trainer.get_optimizer_cls_and_kwargs``: "adamw_bnb_8bit" is bitsandbytes' AdamW
+    with ``optim_bits=8``, Adam's two moments in 8 bits), over ``params``, with the learning rate, betas, eps
+    and weight decay of the config's "optimizer" ``section``."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    given = section.get("params", {})
+    betas = given.get("betas", (0.9, 0.999))
+    args = TrainingArguments(output_dir=tempfile.gettempdir(), optim=optim, report_to="none",
+                             learning_rate=given.get("lr", 1e-3), adam_beta1=betas[0],
+                             adam_beta2=betas[1], adam_epsilon=given.get("eps", 1e-8),
+                             weight_decay=given.get("weight_decay", 0.0))
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    # the Trainer hands weight decay over in parameter groups, not in kwargs: one group here
+    return cls([{"params": list(params), "weight_decay": args.weight_decay}], **kwargs)
 
 
 def freeze_embeddings(model) -> int:
@@ -608,6 +669,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.n_params = first.get("n_params", 0)
     result.n_trainable = first.get("n_trainable", 0)
     result.eval_loss = first.get("eval_loss")
+    result.eval_loss_before = first.get("eval_loss_before")
     result.losses = first.get("losses", [])
     result.loss_scales = first.get("loss_scales", [])
     result.skipped_steps = first.get("skipped_steps", 0)

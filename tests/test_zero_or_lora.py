@@ -148,13 +148,14 @@ def test_the_offload_limit_line_says_when_offload_did_not_run(cpu):
 # ---- the checks, fed good and bad runs ----------------------------------------------------------
 
 
-def _run(name, losses, eval_loss=4.0, status=runner.OK, trainable=0, n_params=1_000_000, step_s=1.0):
+def _run(name, losses, eval_loss=4.0, status=runner.OK, trainable=0, n_params=1_000_000, step_s=1.0,
+         eval_before=None):
     result = runner.RunResult(name, status, "" if status == runner.OK else "it broke",
                               losses=losses, eval_loss=eval_loss, n_params=n_params,
                               n_trainable=trainable or n_params, median_step_s=step_s,
-                              peak_host_rss_bytes=2**30)
+                              peak_host_rss_bytes=2**30, eval_loss_before=eval_before)
     return lesson.MethodRun(lesson.method(name), result, {},
-                            lora=dict(LORA) if name == lesson.LORA_NAME else None)
+                            lora=dict(LORA) if lesson.method(name).lora else None)
 
 
 def _good_runs():
@@ -165,7 +166,11 @@ def _good_runs():
             _run(lesson.PINNED, [], status=runner.NOT_TRIED),
             _run(lesson.PARTIAL, falling, step_s=2.5),
             _run(lesson.ZENFLOW_NAME, [6.0, 5.6, 5.3, 5.0, 4.8, 4.7], step_s=1.8),
-            _run(lesson.FP16_MASTER, [6.0, 5.52, 5.12, 4.83, 4.62, 4.52], step_s=3.1)]
+            _run(lesson.FP16_MASTER, [6.0, 5.52, 5.12, 4.83, 4.62, 4.52], step_s=3.1),
+            # QLoRA's 4-bit base starts above the model as loaded (5.3 > 5.0): held to its own start
+            _run(lesson.QLORA_NAME, [6.2, 6.0, 5.8, 5.7, 5.6, 5.5], eval_loss=5.1, trainable=10_000,
+                 eval_before=5.3),
+            _run(lesson.ADAM_8BIT, [6.0, 5.51, 5.12, 4.82, 4.61, 4.5])]
 
 
 LARGEST = {lesson.LORA_NAME: 2_000_000_000, lesson.FULL: 500_000_000}
@@ -208,7 +213,9 @@ def test_fp16_master_weights_are_refused_below_stage_1():
                                  "a training loss not finite",
                                  "offload parted", "fp16 masters parted early",
                                  "fp16 masters ended worse",
-                                 "an error without a message", "pinned offload crashed"])
+                                 "an error without a message", "pinned offload crashed",
+                                 "qlora trained other adapters", "qlora rose from its own start",
+                                 "8-bit adam parted"])
 def test_each_bad_run_fails_a_check(bad, cpu):
     runs = _good_runs()
     if bad == "lora trains everything":
@@ -232,6 +239,12 @@ def test_each_bad_run_fails_a_check(bad, cpu):
         runs[6].result.losses = [6.0, 6.2, 5.1, 4.8, 4.6, 4.5]
     elif bad == "fp16 masters ended worse":
         runs[6].result.eval_loss = 4.5
+    elif bad == "qlora trained other adapters":
+        runs[7].result.n_trainable = 20_000
+    elif bad == "qlora rose from its own start":  # below the loaded model's 5.0 is not the test
+        runs[7].result.eval_loss_before, runs[7].result.eval_loss = 4.8, 4.9
+    elif bad == "8-bit adam parted":
+        runs[8].result.losses = [6.0, 6.3, 5.1, 4.8, 4.6, 4.5]
     elif bad == "pinned offload crashed":  # an error with a message explains nothing here
         runs[3] = _run(lesson.PINNED, [], status=runner.ERROR)
         runs[3].result.message = "RuntimeError: something broke"
@@ -250,7 +263,7 @@ def fp16(cpu):
 
 
 def test_each_run_is_held_to_the_pretrained_models_held_out_loss(cpu):
-    runs = _good_runs()
+    runs = [r for r in _good_runs() if r.method.name != lesson.ADAM_8BIT]  # held to stage 0's
     runs[1].result.eval_loss = 5.0  # stage 0 no better than before training: a failure
     failed = _failed(runs, cpu)
     assert failed == [f"{lesson.FULL}: the held-out loss fell below its loss before training "
@@ -282,9 +295,9 @@ def test_the_summary_says_whether_the_model_started_pretrained_and_every_run_gai
     runs = _good_runs()
     text = lesson.summary(runs, [("a", True)], [("b", True)], START)
     assert "the model starts pretrained: True" in text
-    assert "ended below the pretrained model's held-out loss: True" in text
+    assert "ended below its held-out loss before training: True" in text
     runs[2].result.eval_loss = 5.1
-    assert "held-out loss: False" in lesson.summary(runs, [], [("b", True)], START)
+    assert "before training: False" in lesson.summary(runs, [], [("b", True)], START)
     assert "pretrained: False" in lesson.summary(runs, [], [], RANDOM_START)
     line = lesson.takeaways(_good_runs(), LARGEST, cpu, START)[0]
     assert "from 5.000 (the pretrained model) to 4.000 (-1.000) with LoRA" in line, line
@@ -664,3 +677,102 @@ def test_a_run_given_the_trainers_schedule_steps_its_learning_rate_by_it(monkeyp
     result = {}
     runner.train_steps(spec, result)
     assert seen == pytest.approx([0.0, 5e-3, 1e-2, 1e-2]), seen
+
+
+# ---- QLoRA and the 8-bit optimizer --------------------------------------------------------------
+
+
+def test_a_qlora_row_needs_the_lessons_quantization_and_bitsandbytes(cpu, monkeypatch):
+    with pytest.raises(ValueError, match="quantize="):
+        lesson.run_methods("-", "-", cpu, 4, 64, 2, 1, 1e-4, 1e-3, lora=dict(LORA),
+                           names=[lesson.QLORA_NAME])
+    real = lesson.importlib.util.find_spec
+    monkeypatch.setattr(lesson.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    info = memory.ModelInfo.for_shape("tiny")
+    for name in (lesson.QLORA_NAME, lesson.ADAM_8BIT):
+        why = lesson._not_run(lesson.method(name), cpu, {}, info, 4, 64)
+        assert "pip install bitsandbytes" in why, name
+    assert lesson._not_run(lesson.method(lesson.LORA_NAME), cpu, {}, info, 4, 64) == ""
+
+
+def test_the_lesson_hands_its_quantization_and_8bit_optim_to_the_measured_rows():
+    """One definition: QLORA_QUANT builds the lesson's BitsAndBytesConfig and reaches run_methods;
+    the lesson's optim name for the 8-bit optimizer is the one the measured row runs."""
+    import ast
+    import json as json_module
+    from pathlib import Path
+
+    import lesson_code
+
+    cell = next(s for s in lesson_code.lesson_sources("09_zero_or_lora") if "QLORA_QUANT = {" in s)
+    assert "BitsAndBytesConfig(**QLORA_QUANT)" in cell and "get_peft_model(base, lora_config)" in cell
+    assert f'training_args(optim="{lesson.method(lesson.ADAM_8BIT).optimizer}")' in cell
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "09_zero_or_lora.ipynb"
+    calls = [node for c in json_module.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"
+             for node in ast.walk(ast.parse("".join(c["source"])))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "run_methods"]
+    assert {k.arg: ast.unparse(k.value) for k in calls[0].keywords}.get("quantize") == "QLORA_QUANT"
+
+
+def test_the_8bit_optimizer_is_the_one_the_trainer_builds_with_the_configs_settings():
+    import bitsandbytes as bnb
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(8, 8))
+    section = {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.9], "eps": 1e-6,
+                                           "weight_decay": 0.05}}
+    opt = runner.client_optimizer("adamw_bnb_8bit", [weight], section)
+    assert isinstance(opt, bnb.optim.AdamW) and opt.args.optim_bits == 8  # Adam's moments in 8 bits
+    group = opt.param_groups[0]
+    assert (group["lr"], tuple(group["betas"]), group["eps"], group["weight_decay"]) == \
+        (3e-4, (0.8, 0.9), 1e-6, 0.05)
+    assert runner.quantized(None) == {}
+
+
+def test_a_4bit_parameter_counts_the_weights_it_stands_for():
+    import types
+
+    import torch
+
+    packed = torch.nn.Parameter(torch.zeros(32, 1, dtype=torch.uint8), requires_grad=False)
+    assert runner.numel(packed) == 32
+    packed.quant_state = types.SimpleNamespace(shape=torch.Size([8, 8]))
+    assert runner.numel(packed) == 64
+
+
+def test_qlora_and_8bit_adam_shrink_what_the_estimator_says_they_shrink(cpu):
+    info = memory.ModelInfo.for_shape("smollm2-135m-shaped")
+    # the blocks' linear weights: the model less its embedding and norms
+    assert memory.linear_params(info) == 106_168_320
+    ds = config.for_row({"stage": 0}, info, cpu, 4)
+    ds["fp16"] = {"enabled": True}
+    plain = memory.model_states(info, ds)["gpu"]
+    quant = memory.model_states(info, ds, trainable=1_000, quantized=True)["gpu"]
+    linear = memory.linear_params(info)
+    assert quant["params"] == int((info.n_params - linear) * 2 + linear * memory.NF4_BYTES)
+    assert plain["params"] == info.n_params * 2
+    adam8 = memory.model_states(info, ds, adam_8bit=True)["gpu"]
+    assert plain["optimizer"] - adam8["optimizer"] == info.n_params * (8 - memory.ADAM_8BIT_BYTES)
+    # a quantized base is loaded straight to the GPU: no fp32 build in host RAM
+    est = memory.estimate(info, ds, trainable=1_000, quantized=True)
+    assert "model build" not in est.parts["cpu"]
+    assert "model build" in memory.estimate(info, ds, trainable=1_000).parts["cpu"]
+
+
+def test_the_decision_tables_claims_about_size_hold_only_where_the_estimates_say_so(cpu):
+    from helpers import claims
+
+    good = {lesson.LORA_NAME: 2_100_000_000, lesson.QLORA_NAME: 20_000_000_000,
+            lesson.FULL: 590_000_000, lesson.ADAM_8BIT: 790_000_000}
+    assert claims.failed(lesson.decision_claims(good)) == []
+    for name, value in ((lesson.QLORA_NAME, 2_000_000_000), (lesson.ADAM_8BIT, 590_000_000),
+                        (lesson.FULL, 0)):
+        assert claims.failed(lesson.decision_claims({**good, name: value})), name
+    # from the methods' own configs, as notebook 09 computes them (micro batch 4, blocks of 512)
+    info = memory.ModelInfo.for_shape("smollm2-135m-shaped")
+    largest = {m.name: lesson.largest_on_t4(m, lesson._as_on_t4(lesson.method_config(
+        m, info, cpu, 4, 20, 1e-4)), 4, 512, lora_rank=8 if m.lora else None)
+        for m in map(lesson.method, good)}
+    assert claims.failed(lesson.decision_claims(largest)) == [], largest
+    assert largest[lesson.QLORA_NAME] < lesson.LARGEST_SEARCHED * 0.99  # found, not the bound

@@ -1,7 +1,8 @@
 """Notebook 09, ZeRO or LoRA: one pretrained model, one text, one seed and one token budget
 fine-tuned every way a T4 allows, each run in a fresh process (helpers.runner) from the same
-weights, side by side: LoRA with PEFT (the model frozen, small adapters trained), full fine-tuning
-at stage 0, ZeRO-2 with CPU offload (pinned and unpinned buffers), ZeRO-3 with partial offload
+weights, side by side: LoRA with PEFT (the model frozen, small adapters trained), QLoRA (the same
+adapters on the base loaded in 4 bits by bitsandbytes), full fine-tuning at stage 0 (also with
+bitsandbytes' 8-bit Adam), ZeRO-2 with CPU offload (pinned and unpinned buffers), ZeRO-3 with partial offload
 (notebook 05's variant), ZenFlow (with helpers.deepspeed_fixes' weight fix) and fp16 master
 weights; each scored on the same held-out blocks as the pretrained model before training
 (:func:`held_out_before`). Then how large a model each trains inside a T4's envelope
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +48,16 @@ class Method:
     zero_extra: dict = field(default_factory=dict)
     fp16_extra: dict = field(default_factory=dict)
     lora: bool = False
+    quantized: bool = False  # the frozen base in 4 bits (QLoRA: the lesson's BitsAndBytesConfig)
+    optimizer: str = ""  # TrainingArguments' optim: its optimizer in place of the config's
     pinned: bool = False
     variant: str = ""  # the name of notebook 05's offload variant it is (its config, reused)
 
 
 LORA_NAME = "LoRA (PEFT)"
+QLORA_NAME = "QLoRA (4-bit base)"
 FULL = "full, stage 0"
+ADAM_8BIT = "full, stage 0, 8-bit Adam"
 UNPINNED = "ZeRO-2 + CPU offload"
 PINNED = "ZeRO-2 + CPU offload, pinned"
 PARTIAL = offload.VARIANTS[2][0]
@@ -63,8 +69,14 @@ METHODS: list[Method] = [
     Method(LORA_NAME, "adapters", {"stage": 0},
            "you adapt a pretrained model and its fp16 weights fit on the GPU: least memory, "
            "a checkpoint of megabytes", lora=True),
+    Method(QLORA_NAME, "adapters", {"stage": 0},
+           "you adapt a pretrained model whose 16-bit weights do not fit on the GPU: its frozen "
+           "weights in 4 bits, the same adapters", lora=True, quantized=True),
     Method(FULL, "every weight", {"stage": 0},
            "every weight must train and 16 bytes per parameter fit on the GPU: fastest"),
+    Method(ADAM_8BIT, "every weight", {"stage": 0},
+           "every weight must train and Adam's fp32 moments are what does not fit: 8 bits each "
+           "(bitsandbytes), no offload", optimizer="adamw_bnb_8bit"),
     Method(UNPINNED, "every weight", {"stage": 2, "offload_optimizer": "cpu"},
            "every weight must train, the model is too big for stage 0's GPU memory, and host "
            "RAM holds the optimizer (the line below the table says how much)",
@@ -191,7 +203,10 @@ def lora_trainable(model: memory.ModelInfo, rank: int) -> int:
 def _not_run(m: Method, environment: kit_env.Environment, ds: dict, info: memory.ModelInfo,
              micro_batch: int, seq_len: int) -> str:
     """Why ``m`` is not run here, or "": pinned buffers where the estimator says host RAM would not
-    hold them (free Colab's budget under T4 emulation), fp16 master weights without fp16."""
+    hold them (free Colab's budget under T4 emulation), bitsandbytes missing for the methods that
+    use it."""
+    if (m.quantized or m.optimizer) and importlib.util.find_spec("bitsandbytes") is None:
+        return "needs bitsandbytes: pip install bitsandbytes (make setup installs it)"
     if m.pinned:
         need = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len,
                                on_gpu=environment.has_gpu).total("cpu")
@@ -216,28 +231,35 @@ def trainer_settings(args, steps: int) -> dict:
 def run_methods(model_path: str, text_path: str, environment: kit_env.Environment,
                 micro_batch: int, seq_len: int, steps: int, eval_batches: int, lr: float,
                 lora_lr: float, lora: dict, grad_ckpt: bool = True, names: list[str] | None = None,
-                progress: bool = True, trainer_args=None) -> list[MethodRun]:
+                progress: bool = True, trainer_args=None,
+                quantize: dict | None = None) -> list[MethodRun]:
     """Every method (or those ``names``) on the same model folder, text, seed and tokens, each in
     a fresh subprocess (helpers.runner), scored on the text's held-out tenth afterwards; each
     predicted by the estimator too (``grad_ckpt``: activation checkpointing, as the lesson's
     GRAD_CKPT). The LoRA row trains adapters with ``lora``, the lesson's own settings (PEFT's
     LoraConfig arguments, ``r`` among them). With ``trainer_args`` (the lesson's TrainingArguments)
     every row runs the Trainer's schedule, precision and clipping (:func:`trainer_settings`); the
-    learning rates stay ``lr`` and ``lora_lr``. A method that cannot run here is a row saying why."""
+    learning rates stay ``lr`` and ``lora_lr``. The QLoRA row loads the base quantized with
+    ``quantize``, the lesson's BitsAndBytesConfig arguments (needed when that row runs). A method
+    that cannot run here is a row saying why."""
     if "r" not in lora:
         raise ValueError(f"lora holds PEFT's LoraConfig arguments, the rank 'r' among them: {lora!r}")
+    chosen = [method(n) for n in names] if names else METHODS
+    if quantize is None and any(m.quantized for m in chosen):
+        raise ValueError(f"{QLORA_NAME} loads its base quantized: pass quantize=, the lesson's "
+                         "BitsAndBytesConfig arguments (or leave the row out with names=)")
     trainer = trainer_settings(trainer_args, steps) if trainer_args is not None else None
     from tqdm.auto import tqdm
 
     info = memory.ModelInfo.from_pretrained(model_path)
     out = []
-    chosen = [method(n) for n in names] if names else METHODS
     for m in tqdm(chosen, desc="methods", disable=not progress):
         ds = method_config(m, info, environment, micro_batch, steps, lora_lr if m.lora else lr,
                            trainer)
         est = memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len,
                               grad_ckpt=grad_ckpt, on_gpu=environment.has_gpu,
-                              trainable=lora_trainable(info, lora["r"]) if m.lora else None)
+                              trainable=lora_trainable(info, lora["r"]) if m.lora else None,
+                              quantized=m.quantized, adam_8bit=m.optimizer == "adamw_bnb_8bit")
         settings = dict(lora) if m.lora else None
         why = _not_run(m, environment, ds, info, micro_batch, seq_len)
         if why:
@@ -247,7 +269,9 @@ def run_methods(model_path: str, text_path: str, environment: kit_env.Environmen
         spec = runner.RunSpec(ds_config=ds, model_path=model_path, text_path=text_path,
                               seq_len=seq_len, steps=steps,
                               grad_ckpt=grad_ckpt, label=m.name, eval_batches=eval_batches,
-                              lora=settings, lr_schedule=trainer["lr_schedule"] if trainer else None)
+                              lora=settings, lr_schedule=trainer["lr_schedule"] if trainer else None,
+                              quantize=dict(quantize) if m.quantized else None,
+                              optimizer=m.optimizer or None)
         out.append(MethodRun(m, diverged_in_fp16(m, runner.measure(spec), ds), ds, est, settings))
     return out
 
@@ -307,10 +331,19 @@ def runs_table(runs: list[MethodRun], environment: kit_env.Environment,
                  note=runner.fixes_note([r.result for r in runs], [r.method.name for r in runs]))
 
 
+def loss_before(result: runner.RunResult, start: Start) -> float:
+    """The held-out loss ``result``'s run started from: its own where it measured one (a
+    quantized base is not the model as loaded), else the model's as loaded (``start``)."""
+    return start.eval_loss if result.eval_loss_before is None else result.eval_loss_before
+
+
 def _eval_cell(result: runner.RunResult, start: Start | None = None) -> str:
     """The held-out loss after training, and its change from the model's before (``start``)."""
     if result.eval_loss is None:
         return "-"
+    if result.eval_loss_before is not None:  # a quantized base: its own loss before training
+        return (f"{result.eval_loss:.3f} ({result.eval_loss - result.eval_loss_before:+.3f} "
+                f"from its 4-bit base's {result.eval_loss_before:.3f})")
     if start is None or not math.isfinite(result.eval_loss):
         return f"{result.eval_loss:.3f}"
     return f"{result.eval_loss:.3f} ({result.eval_loss - start.eval_loss:+.3f})"
@@ -371,7 +404,12 @@ def _t4_estimate(m: Method, ds: dict, n: int, micro_batch: int, seq_len: int,
     if m.lora and not lora_rank:
         raise ValueError(f"{m.name}: the adapters' rank is needed to size it")
     return memory.estimate(info, ds, micro_batch=micro_batch, seq_len=seq_len, grad_ckpt=True,
-                           trainable=lora_trainable(info, lora_rank) if m.lora else None)
+                           trainable=lora_trainable(info, lora_rank) if m.lora else None,
+                           quantized=m.quantized, adam_8bit=m.optimizer == "adamw_bnb_8bit")
+
+
+#: The most parameters :func:`largest_on_t4` tries (QLoRA's 4-bit base goes far past full fine-tuning).
+LARGEST_SEARCHED = 100_000_000_000
 
 
 def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int,
@@ -388,7 +426,7 @@ def largest_on_t4(m: Method, ds: dict, micro_batch: int, seq_len: int,
         return (memory.verdict(est.total("gpu"), t4.gpu_cap_bytes) == memory.FITS
                 and memory.verdict(est.total("cpu"), ram) == memory.FITS)
 
-    low, high = 100_000_000, 20_000_000_000
+    low, high = 100_000_000, LARGEST_SEARCHED
     if not fits(low):
         return 0
     while high - low > low // 100:  # to 1%
@@ -458,6 +496,35 @@ def precision_of(ds: dict | None) -> str:
     return next((p for p in ("fp16", "bf16") if ds.get(p, {}).get("enabled")), "fp32")
 
 
+def close_to_claim(name: str, run: runner.RunResult, base_name: str,
+                   base: runner.RunResult | None, what: str) -> claims.Claim:
+    """``run`` trained as ``base`` did within :data:`FP16_MASTER_RTOL`: the same number of
+    losses, the first third of them and the held-out loss (a method that stores the same training
+    in fewer bits: fp16 master weights, 8-bit Adam)."""
+    third = len(run.losses) // 3
+    held_out = (f"{run.eval_loss:.3f} vs {base.eval_loss:.3f}"
+                if base and base.eval_loss is not None and run.eval_loss is not None else "-")
+    return (f"{name}: the first third of its losses and its held-out loss ({held_out}) within "
+            f"{FP16_MASTER_RTOL:.0%} of {base_name}'s ({what})",
+            bool(base) and third > 0 and len(run.losses) == len(base.losses)
+            and offload.losses_match(base.losses[:third], run.losses[:third],
+                                     FP16_MASTER_RTOL, FP16_MASTER_RTOL)
+            and claims.within(run.eval_loss, base.eval_loss, FP16_MASTER_RTOL))
+
+
+def decision_claims(largest: dict[str, int]) -> list[claims.Claim]:
+    """What the decision table's "pick it when" says of the largest model each method trains on a
+    T4, held to the estimator's figures: QLoRA's 4-bit base trains a larger model than LoRA's 16-bit
+    one, 8-bit Adam a larger one than stage 0's fp32 Adam (a method missing from ``largest``: not
+    held)."""
+    out = []
+    for bigger, than in ((QLORA_NAME, LORA_NAME), (ADAM_8BIT, FULL)):
+        a, b = largest.get(bigger, 0), largest.get(than, 0)
+        out.append((f"on a T4 {bigger} trains a larger model than {than} ({a / 1e9:.2f}B against "
+                    f"{b / 1e9:.2f}B, estimated)", a > b > 0))
+    return out
+
+
 def checks(runs: list[MethodRun], environment: kit_env.Environment, start: Start,
            gpu_rtol: float = 0.15) -> list[claims.Claim]:
     """Each able to fail on a bad run: the model starts pretrained (``start``, its held-out loss
@@ -483,8 +550,9 @@ def checks(runs: list[MethodRun], environment: kit_env.Environment, start: Start
     for name, res in ok.items():
         out.append(claims.training_loss_claim(name, res.losses, start.pretrained))
         sentence, held = claims.held_out_claim(
-            start.eval_loss, math.nan if res.eval_loss is None else res.eval_loss)
-        sentence = f"{name}: {sentence.replace('fell', 'fell below its loss before training', 1)}"
+            loss_before(res, start), math.nan if res.eval_loss is None else res.eval_loss)
+        own = " (its quantized base's, not the model as loaded)" if res.eval_loss_before else ""
+        sentence = f"{name}: {sentence.replace('fell', f'fell below its loss before training{own}', 1)}"
         if not held and res.skipped_steps:
             sentence += "; " + claims.overflow_advice(res.skipped_steps,
                                                       precision_of(configs.get(name)),
@@ -515,24 +583,24 @@ def checks(runs: list[MethodRun], environment: kit_env.Environment, start: Start
                                                             if plain else ""),
                     bool(plain) and len(zen) == len(plain.losses)
                     and claims.within(zen[0], plain.losses[0], first_tol)))
+    if QLORA_NAME in ok and LORA_NAME in ok:  # the same adapters on a base stored otherwise
+        q, lora = ok[QLORA_NAME], ok[LORA_NAME]
+        out.append((f"{QLORA_NAME} trained the same adapters as {LORA_NAME} "
+                    f"({q.n_trainable:,} and {lora.n_trainable:,} parameters)",
+                    bool(q.n_trainable) and q.n_trainable == lora.n_trainable))
+    if ADAM_8BIT in ok:
+        out.append(close_to_claim(ADAM_8BIT, ok[ADAM_8BIT], FULL, base, "fp32 Adam"))
     if FP16_MASTER in ok:
-        master = ok[FP16_MASTER]
-        third = len(master.losses) // 3
-        held_out = (f"{master.eval_loss:.3f} vs {plain.eval_loss:.3f}"
-                    if plain and plain.eval_loss is not None and master.eval_loss is not None
-                    else "-")
-        out.append((f"{FP16_MASTER}: the first third of its losses and its held-out loss "
-                    f"({held_out}) within {FP16_MASTER_RTOL:.0%} of full-precision master "
-                    f"weights' ({UNPINNED})",
-                    bool(plain) and third > 0 and len(master.losses) == len(plain.losses)
-                    and offload.losses_match(plain.losses[:third], master.losses[:third],
-                                             FP16_MASTER_RTOL, FP16_MASTER_RTOL)
-                    and claims.within(master.eval_loss, plain.eval_loss, FP16_MASTER_RTOL)))
+        out.append(close_to_claim(FP16_MASTER, ok[FP16_MASTER], UNPINNED, plain,
+                                  "full-precision master weights"))
     if environment.has_gpu:
-        if LORA_NAME in ok and FULL in ok:
-            out.append((f"LoRA peaks below {FULL} on the GPU",
-                        (ok[LORA_NAME].peak_gpu_allocated_bytes or 0)
-                        < (ok[FULL].peak_gpu_allocated_bytes or 0)))
+        for low, high in ((LORA_NAME, FULL), (QLORA_NAME, LORA_NAME), (ADAM_8BIT, FULL)):
+            if low in ok and high in ok:
+                out.append((f"{low} peaks below {high} on the GPU "
+                            f"({show.gib(ok[low].peak_gpu_allocated_bytes)} against "
+                            f"{show.gib(ok[high].peak_gpu_allocated_bytes)} GiB)",
+                            0 < (ok[low].peak_gpu_allocated_bytes or 0)
+                            < (ok[high].peak_gpu_allocated_bytes or 0)))
         for r in runs:
             if r.method.name in (LORA_NAME, FULL) and r.estimate and r.method.name in ok:
                 out.append(memory.gpu_prediction_claim(
@@ -582,7 +650,7 @@ def offload_benchmark(runs: list[MethodRun],
     ok = _ok(runs)
     base = ok.get(FULL)
     offloaded = [(res.median_step_s, name) for name, res in ok.items()
-                 if name not in (FULL, LORA_NAME) and res.median_step_s]
+                 if method(name).choice.get("offload_optimizer") and res.median_step_s]
     if not base or not base.median_step_s or not offloaded:
         return None, "offload benchmark: stage 0 or every offload method did not run here"
     seconds, name = min(offloaded)
@@ -664,11 +732,11 @@ def summary(runs: list[MethodRun], claims_held: list[claims.Claim],
     explained, every check."""
     ok = _ok(runs)
     fell = claims.every(res.eval_loss is not None and claims.held_out_claim(
-        start.eval_loss, res.eval_loss)[1] for res in ok.values())
+        loss_before(res, start), res.eval_loss)[1] for res in ok.values())
     return "\n".join([
         "methods: " + "; ".join(r.method.name for r in runs),
         f"the model starts pretrained: {start.pretrained}",
-        f"every run that went ended below the pretrained model's held-out loss: {fell}",
+        f"every run that went ended below its held-out loss before training: {fell}",
         f"LoRA under ZeRO-3: adapter saved non-empty, reloaded with the same logits, trained as "
         f"on one GPU: {claims.every(held for _, held in adapter_held)}",
         f"every method ran or said why: "
