@@ -299,8 +299,12 @@ def test_the_summary_says_whether_the_model_started_pretrained_and_every_run_gai
     runs[2].result.eval_loss = 5.1
     assert "before training: False" in lesson.summary(runs, [], [("b", True)], START)
     assert "pretrained: False" in lesson.summary(runs, [], [], RANDOM_START)
-    line = lesson.takeaways(_good_runs(), LARGEST, cpu, START)[0]
-    assert "from 5.000 (the pretrained model) to 4.000 (-1.000) with LoRA" in line, line
+    lines = lesson.takeaways(_good_runs(), LARGEST, cpu, START)
+    assert "from 5.000 (the pretrained model) to 4.000 (-1.000) with LoRA" in lines[0], lines
+    # QLoRA's gain counted from its own 4-bit start (5.3 -> 5.1), LoRA's from the model as loaded
+    assert any(l.startswith("QLoRA trained the same adapters") and "5.100 (-0.200 from its 4-bit "
+               "base's 5.300)" in l and "4.000 (-1.000)" in l for l in lines), lines
+    assert any(l.startswith("8-bit Adam: held-out loss 4.000 (-1.000)") for l in lines), lines
 
 
 def test_in_fp16_plain_offload_follows_stage_0_within_notebook_05s_tolerance(fp16):

@@ -703,15 +703,26 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
                      f"{start.eval_loss:.3f} (the pretrained model) to {_eval_cell(lora, start)} "
                      f"with LoRA and to {_eval_cell(full, start)} with full fine-tuning, after the "
                      f"same tokens.")
+    if QLORA_NAME in ok and LORA_NAME in ok:
+        q, lora = ok[QLORA_NAME], ok[LORA_NAME]
+        lines.append(f"QLoRA trained the same adapters on the base in 4 bits: held-out loss "
+                     f"{_eval_cell(q, start)}, against LoRA's {_eval_cell(lora, start)} on the "
+                     f"16-bit base" + _peaks(q, lora, environment) + ".")
+    if ADAM_8BIT in ok and FULL in ok:
+        a8, full = ok[ADAM_8BIT], ok[FULL]
+        lines.append(f"8-bit Adam: held-out loss {_eval_cell(a8, start)} against fp32 Adam's "
+                     f"{_eval_cell(full, start)}" + _peaks(a8, full, environment) + ".")
     if ZENFLOW_NAME in ok and UNPINNED in ok:
         zen, plain = ok[ZENFLOW_NAME], ok[UNPINNED]
         lines.append(f"ZenFlow stepped in {zen.median_step_s:.2f} s against plain offload's "
                      f"{plain.median_step_s:.2f} s, held-out loss {_eval_cell(zen)} against "
                      f"{_eval_cell(plain)}: most of its updates wait 4 steps.")
     if largest.get(LORA_NAME) and largest.get(FULL):
-        lines.append(f"On a T4 (estimator): LoRA up to {largest[LORA_NAME] / 1e9:.2f}B "
-                     f"parameters, full fine-tuning at stage 0 up to {largest[FULL] / 1e9:.2f}B, "
-                     f"with CPU offload up to {largest.get(UNPINNED, 0) / 1e9:.2f}B.")
+        lines.append(f"On a T4 (estimator): QLoRA up to {largest.get(QLORA_NAME, 0) / 1e9:.2f}B "
+                     f"parameters, LoRA up to {largest[LORA_NAME] / 1e9:.2f}B, full fine-tuning "
+                     f"at stage 0 up to {largest[FULL] / 1e9:.2f}B (with 8-bit Adam "
+                     f"{largest.get(ADAM_8BIT, 0) / 1e9:.2f}B), with CPU offload up to "
+                     f"{largest.get(UNPINNED, 0) / 1e9:.2f}B.")
     lines.append(offload_benchmark(runs, environment)[1] + ".")
     for r in runs:  # fp16's loss scale at work: how many steps it skipped, and what to do if many
         if r.result.status == runner.OK and r.result.skipped_steps:
@@ -722,6 +733,15 @@ def takeaways(runs: list[MethodRun], largest: dict[str, int],
         if r.result.status != runner.OK:
             lines.append(f"{r.method.name}: {r.result.status}: {show.clip(r.result.message, 160)}")
     return lines
+
+
+def _peaks(run: runner.RunResult, other: runner.RunResult,
+           environment: kit_env.Environment) -> str:
+    """'; peak GPU a against b GiB' for two runs measured on a GPU ('' on a CPU)."""
+    if not environment.has_gpu:
+        return ""
+    return (f"; peak GPU {show.gib(run.peak_gpu_allocated_bytes)} against "
+            f"{show.gib(other.peak_gpu_allocated_bytes)} GiB")
 
 
 def summary(runs: list[MethodRun], claims_held: list[claims.Claim],
