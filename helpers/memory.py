@@ -202,7 +202,8 @@ def model_states(
         if nbytes:
             out.setdefault(place, {})[kind] = out.get(place, {}).get(kind, 0) + int(nbytes)
 
-    weights = p * w if not quantized else (p - linear_params(model)) * w + linear_params(model) * NF4_BYTES
+    linear = linear_params(model) if quantized else 0  # the 4-bit part; the rest as w says
+    weights = (p - linear) * w + linear * NF4_BYTES
     put(host_par or "gpu", "params", weights / (n if stage == 3 else 1))
     if host_opt:
         # the fp32 gradient partition the offloaded optimizer reads (swapped out with it to NVMe)

@@ -80,8 +80,8 @@ class RunSpec:
     lr_schedule: dict | None = None
     # BitsAndBytesConfig's arguments: the model's frozen weights loaded quantized (QLoRA, with lora)
     quantize: dict | None = None
-    # a TrainingArguments optim name ("adamw_bnb_8bit": bitsandbytes' 8-bit AdamW) whose optimizer is
-    # handed to deepspeed.initialize in place of the config's "optimizer" (its lr, betas, eps and
+    # a TrainingArguments optim name ("adamw_bnb_8bit": bitsandbytes' 8-bit AdamW) whose optimizer
+    # is handed to deepspeed.initialize in place of the config's "optimizer" (its lr, betas, eps and
     # weight decay); None: the config's
     optimizer: str | None = None
 
@@ -349,10 +349,12 @@ def prepared_model(spec: RunSpec, model_config=None):
                                                                  use_kernels=False,
                                                                  **quantized(spec.quantize)),
                             AutoTokenizer.from_pretrained(spec.model_path))
-        if spec.quantize:  # PEFT's preparation: norms and embedding in fp32, inputs needing grads
+        if spec.quantize:  # PEFT's preparation, as notebook 09's qlora_model() makes it (its
+            # fp32 norms and embedding go back to fp16 in DeepSpeed's fp16 engine); checkpointing
+            # below, transformers' non-reentrant one
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.grad_ckpt)
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     else:
         model_config = model_config or models.model_config(
             spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
@@ -385,15 +387,19 @@ def quantized(quantize: dict | None) -> dict:
     import torch
     from transformers import BitsAndBytesConfig
 
-    where = {"device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}} if torch.cuda.is_available() else {}
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    where = {"device_map": {"": rank}} if torch.cuda.is_available() else {}
     return {"quantization_config": BitsAndBytesConfig(**quantize), **where}
 
 
 def client_optimizer(optim: str, params, section: dict):
-    """The optimizer a Trainer builds for ``TrainingArguments(optim=optim)`` (transformers' own
-    mapping, ``Trainer.get_optimizer_cls_and_kwargs``: "adamw_bnb_8bit" is bitsandbytes' AdamW
-    with ``optim_bits=8``, Adam's two moments in 8 bits), over ``params``, with the learning rate, betas, eps
-    and weight decay of the config's "optimizer" ``section``."""
+    """The optimizer class a Trainer picks for ``TrainingArguments(optim=optim)`` (transformers'
+    own ``Trainer.get_optimizer_cls_and_kwargs``: "adamw_bnb_8bit" is bitsandbytes' AdamW with
+    ``optim_bits=8``, Adam's moments in 8 bits) over ``params``, one group with the learning rate,
+    betas, eps and weight decay of the config's "optimizer" ``section``. Where the Trainer's own
+    ``create_optimizer`` goes further: it exempts biases and norms from weight decay and keeps
+    embeddings' states in 32 bits, overrides registered by tensor, which DeepSpeed's fp16 engine
+    (stepping fp32 copies) would not see."""
     import tempfile
 
     from transformers import Trainer, TrainingArguments
