@@ -511,6 +511,38 @@ def _port_free(port: int, host: str = "") -> bool:
         return True
 
 
+#: Where DeepSpeed's CPU all-reduce (its deepspeed_shm_comm op) keeps one buffer per rank, named
+#: deepspeed_allreduce_buffer_<uid>_<address>_<port>_<rank>. DeepSpeed 0.19.8 never unlinks them
+#: (shm.cpp defines shared_close and nothing calls it), so every run of several CPU ranks leaves its
+#: buffers in RAM (/dev/shm is memory) until the machine restarts: 67 MB a rank here.
+SHM_BUFFERS = Path("/dev/shm")
+SHM_BUFFER_PREFIX = "deepspeed_allreduce_buffer_"
+
+
+def remove_ended_shm_buffers(folder: Path = SHM_BUFFERS) -> int:
+    """Unlink DeepSpeed's CPU all-reduce buffers whose run has ended (nothing accepts a connection
+    on the rendezvous port their name holds any more); returns the bytes freed. A running run's
+    buffers stay: its rendezvous store still listens."""
+    freed = 0
+    for path in folder.glob(SHM_BUFFER_PREFIX + "*"):
+        parts = path.name.split("_")
+        if len(parts) < 3 or not parts[-2].isdigit() or _port_listening(int(parts[-2])):
+            continue
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            freed += size
+        except OSError:  # another user's, or gone already
+            continue
+    return freed
+
+
+def _port_listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
 def _launched() -> bool:
     """True when a real launcher (torchrun, the deepspeed launcher) started this process."""
     # Not LOCAL_WORLD_SIZE: accelerate sets it in a plain process too.

@@ -629,6 +629,8 @@ def _run_once(payload: dict, entry: str, world_size: int, label: str, timeout_s:
     if nvme:
         _remove_swap_files(nvme, os.path.dirname(nvme), created=not nvme_existed)
     shutil.rmtree(work, ignore_errors=True)
+    if world_size > 1:  # DeepSpeed leaves its CPU ranks' all-reduce buffers in RAM
+        kit_env.remove_ended_shm_buffers()
     return result
 
 

@@ -249,3 +249,29 @@ def test_an_inherited_port_that_is_taken_is_replaced(clean_env):
         clean_env.setenv("MASTER_PORT", str(busy))
         clean_env.setenv("TORCHELASTIC_RUN_ID", "x")  # under torchrun its port is kept
         assert env.setup_single_process_dist()["MASTER_PORT"] == str(busy)
+
+
+def test_deepspeeds_leaked_cpu_allreduce_buffers_go_once_their_run_has_ended(tmp_path):
+    """DeepSpeed 0.19.8 never unlinks its CPU ranks' shared-memory buffers: the kit removes those
+    of an ended run (its rendezvous port closed) and keeps a running one's (its port listening)."""
+    import socket
+
+    from helpers import env
+
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        running = live.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ended = probe.getsockname()[1]  # bound, not listening: nothing accepts on it
+            names = {port: [tmp_path / f"{env.SHM_BUFFER_PREFIX}0_127.0.0.1_{port}_{rank}"
+                            for rank in (0, 1)] for port in (running, ended)}
+            for paths in names.values():
+                for path in paths:
+                    path.write_bytes(b"x" * 1000)
+            other = tmp_path / "not_deepspeeds"
+            other.write_bytes(b"x")
+            assert env.remove_ended_shm_buffers(tmp_path) == 2000
+    assert all(p.exists() for p in names[running]) and other.exists()
+    assert not any(p.exists() for p in names[ended])
