@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import claims, launch
-from helpers import env as kit_env
 from helpers.show import Table
 
 
@@ -352,9 +351,7 @@ def release_kernel_memory() -> tuple[int, int]:
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
              seconds: float) -> launch.Launched:
-    """What one launch left: its exit code and the engine losses in its log. Its CPU ranks'
-    all-reduce buffers, which DeepSpeed leaves in RAM, go (helpers.env.remove_ended_shm_buffers)."""
-    kit_env.remove_ended_shm_buffers()
+    """What one launch left: its exit code and the engine losses in its log."""
     return launch.launched(launcher, returncode, log_file, seconds, "engine")
 
 
