@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import claims
-from helpers import env as kit_env
 from helpers.show import Table
 
 #: The folder that holds ``helpers/``. A script a lesson exports may import
@@ -237,9 +236,7 @@ def launched_losses(output: str, label: str) -> list[float]:
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike, seconds: float,
              label: str) -> Launched:
-    """What one launch left: its exit code and the ``label`` losses in its log. Its CPU ranks'
-    all-reduce buffers, which DeepSpeed leaves in RAM, go (helpers.env.remove_ended_shm_buffers)."""
-    kit_env.remove_ended_shm_buffers()
+    """What one launch left: its exit code and the ``label`` losses in its log."""
     output = Path(log_file).read_text(errors="replace") if Path(log_file).exists() else ""
     return Launched(launcher, returncode, launched_losses(output, label), seconds, output[-3000:])
 

@@ -275,16 +275,3 @@ def test_deepspeeds_leaked_cpu_allreduce_buffers_go_once_their_run_has_ended(tmp
             assert env.remove_ended_shm_buffers(tmp_path) == 2000
     assert all(p.exists() for p in names[running]) and other.exists()
     assert not any(p.exists() for p in names[ended])
-
-
-def test_every_launch_read_back_removes_its_ended_runs_buffers(monkeypatch, tmp_path):
-    """Notebooks 04 and 07 both launch CPU ranks: the shared reader of a launch's log
-    (helpers.launch.launched) is where the ended run's buffers go, for either notebook."""
-    from helpers import env, launch
-
-    calls = []
-    monkeypatch.setattr(env, "remove_ended_shm_buffers", lambda: calls.append(1) or 0)
-    log = tmp_path / "run.log"
-    log.write_text("engine losses: [6.0, 5.5]\n")
-    run = launch.launched("deepspeed", 0, log, 1.0, "engine")
-    assert calls == [1] and run.losses == [6.0, 5.5]

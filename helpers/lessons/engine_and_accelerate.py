@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import claims, launch
+from helpers import env as kit_env
 from helpers.show import Table
 
 
@@ -351,7 +352,9 @@ def release_kernel_memory() -> tuple[int, int]:
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
              seconds: float) -> launch.Launched:
-    """What one launch left: its exit code and the engine losses in its log."""
+    """What one launch left: its exit code and the engine losses in its log. Its CPU ranks'
+    all-reduce buffers, which DeepSpeed leaves in RAM, go (helpers.env.remove_ended_shm_buffers)."""
+    kit_env.remove_ended_shm_buffers()
     return launch.launched(launcher, returncode, log_file, seconds, "engine")
 
 
