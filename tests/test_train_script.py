@@ -161,6 +161,23 @@ def test_a_failed_launch_quotes_the_end_of_its_log():
     assert not any("log ends" in b for b in good)
 
 
+@pytest.mark.parametrize("module", ["zero2_training", "engine_and_accelerate"])
+def test_reading_a_launch_frees_the_ended_ranks_shm_buffers(module, monkeypatch, tmp_path):
+    """Notebooks 04 and 07 launch two CPU ranks; DeepSpeed leaves each rank's all-reduce buffer in
+    RAM (/dev/shm), so each notebook's reader of a launch must free them (helpers.env)."""
+    import importlib
+
+    from helpers import env
+
+    lesson_module = importlib.import_module(f"helpers.lessons.{module}")
+    freed = []
+    monkeypatch.setattr(env, "remove_ended_shm_buffers", lambda: freed.append(True) or 0)
+    log = tmp_path / "launch.log"
+    log.write_text("")
+    lesson_module.launched("deepspeed", 0, log, 1.0)
+    assert freed == [True]
+
+
 @pytest.mark.parametrize("processes, other", [(1, (6.0, 5.5, 5.0, 4.6)), (2, (6.2, 5.1, 4.4, 4.0))])
 def test_a_good_trainer_launch_passes_notebook_04s_claims(processes, other):
     """One process: the notebook's losses; two ranks: other batches, a loss that falls."""

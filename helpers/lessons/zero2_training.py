@@ -293,7 +293,9 @@ def write_train_script(folder: str | os.PathLike, values: Mapping[str, object]) 
 
 def launched(launcher: str, returncode: int, log_file: str | os.PathLike,
              seconds: float) -> launch.Launched:
-    """What one launch left: its exit code and the Trainer losses in its log."""
+    """What one launch left: its exit code and the Trainer losses in its log. Its CPU ranks'
+    all-reduce buffers, which DeepSpeed leaves in RAM, go (helpers.env.remove_ended_shm_buffers)."""
+    kit_env.remove_ended_shm_buffers()
     return launch.launched(launcher, returncode, log_file, seconds, "trainer")
 
 
