@@ -123,3 +123,52 @@ def test_the_notebook_states_autotps_stages_for_the_installed_deepspeed():
     # The one refusal the notebook names: DeepCompile's AutoTP pass beside its ZeRO passes.
     source = inspect.getsource(DeepSpeedEngine)
     assert "The AutoTP compile pass cannot yet be combined with AutoSP or the ZeRO" in source
+
+
+# ---- The launched script's exit: no engine left for the interpreter's end ------------------------
+
+#: Runs train.py as the launcher would, with the process group's exit wrapped: it first writes how
+#: many DeepSpeed engines are still alive (unfreed, even if unreachable) to engines_at_exit.json.
+_COUNT_ENGINES_AT_EXIT = """
+import gc, json, runpy
+import torch.distributed as dist
+from deepspeed import DeepSpeedEngine
+
+leave = dist.destroy_process_group
+
+
+def counted(*args, **kwargs):
+    alive = sum(1 for o in gc.get_objects() if isinstance(o, DeepSpeedEngine))
+    with open("engines_at_exit.json", "w") as f:
+        json.dump(alive, f)
+    return leave(*args, **kwargs)
+
+
+dist.destroy_process_group = counted
+runpy.run_path("train.py", run_name="__main__")
+"""
+_CLEAN_UP = ("    engine.destroy()  # its hooks go", "    gc.collect()\n")
+
+
+@pytest.mark.parametrize("clean_up", [True, False], ids=["as-written", "without-its-clean-up"])
+def test_the_script_frees_its_engine_before_it_leaves_the_process_group(tmp_path, clean_up):
+    """An engine still alive when a launched rank exits goes with the interpreter, when a gloo thread
+    dropping its last tensor cannot take the GIL: the rank aborts ("terminate called without an
+    active exception"; notebook 08's data-parallel run in one CI run, 07's in 2 launches of 8). The
+    lesson's script destroys its engine and collects it before leaving the process group; the same
+    script without those lines leaves it alive there."""
+    run, = lesson.plan(notebook_values(tmp_path), machine(0), tmp_path / "runs",
+                       runs=[row for row in lesson.RUNS if row[0] == lesson.BASE])
+    script = os.path.join(run.folder, "train.py")
+    text = open(script).read()
+    assert all(line in text for line in _CLEAN_UP), "the lesson's clean-up lines changed"
+    if not clean_up:
+        text = "".join(line for line in text.splitlines(keepends=True)
+                       if not line.startswith(_CLEAN_UP))
+        open(script, "w").write(text)
+    open(os.path.join(run.folder, "wrap.py"), "w").write(_COUNT_ENGINES_AT_EXIT)
+    run.command = run.command.replace(script, "wrap.py")
+    launch_all([run])
+    assert run.returncode == 0, open(run.log).read()[-3000:]
+    alive = json.load(open(os.path.join(run.folder, "engines_at_exit.json")))
+    assert (alive == 0) if clean_up else (alive >= 1), alive
