@@ -8,6 +8,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Quiet, offline, reproducible kernels: no progress bars, no Hub, no debugger warnings.
 for key, value in {
@@ -29,6 +30,7 @@ helpers.share_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 # One NVMe offload folder per pytest process (each xdist worker), under the folder KIT_OFFLOAD_DIR
 # named before the run (a GPU session's lane) or the temp disk: DeepSpeed names its swap files by
@@ -81,7 +83,8 @@ def _restore_environment():
     os.environ.update(saved)
 
 
-_held = None  # the lock file while this worker runs a real-model notebook or script
+_held = None  # the lock file while this worker runs a real-model notebook or script (against
+# make tutorial's runs, and a pytest run without xdist's groups)
 
 
 def real_model_run(path, nodeid: str) -> bool:
@@ -89,6 +92,34 @@ def real_model_run(path, nodeid: str) -> bool:
     return (path.suffix == ".ipynb" and path.stem in REAL_MODEL_NOTEBOOKS) or (
         path.name == "test_lesson_scripts.py" and "are_a_script_that_trains" in nodeid
         and any(f"[{nb}" in nodeid for nb in REAL_MODEL_NOTEBOOKS))
+
+
+#: The work unit of the real model's heavy runs: one worker runs them all, one after another,
+#: while the other runs everything else (with the lock alone, a worker sat idle waiting for it).
+REAL_MODEL_GROUP = "real-model"
+
+
+class RealModelRunsOnOneWorker(LoadScopeScheduling):
+    """``--dist loadscope`` (a notebook's cells on one worker, one kernel; a module's tests, their
+    fixtures), with every real-model run in one more unit. xdist's own ``loadgroup`` cannot do it
+    here: it renames each test's ``_nodeid``, which pytest 9 no longer reads."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid) or super()._split_scope(nodeid)
+
+
+def work_unit(nodeid: str) -> str | None:
+    """:data:`REAL_MODEL_GROUP` for a real-model run, else None (the test's module or notebook)."""
+    return REAL_MODEL_GROUP if real_model_run(Path(nodeid.split("::")[0]), nodeid) else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pyproject.toml's ``--dist loadscope``, with the real-model runs in one unit; any other
+    mode is xdist's own."""
+    if config.getvalue("dist") == "loadscope":
+        return RealModelRunsOnOneWorker(config, log)
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before the notebook's kernel starts

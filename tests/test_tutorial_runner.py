@@ -74,6 +74,34 @@ def test_real_model_notebooks_take_turns_and_others_do_not_wait(tmp_path):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def test_the_real_model_runs_go_to_one_worker_and_the_rest_by_module_or_notebook(
+        request, monkeypatch):
+    """conftest.py: under ``--dist loadscope`` one worker takes every real-model notebook and lesson
+    script as one unit (they never overlap, so nobody waits on the lock), the other the rest; a
+    notebook's cells stay together (one kernel), as do a test module's tests (their fixtures)."""
+    import tomllib
+    from pathlib import Path
+
+    import conftest
+
+    # the scheduler as xdist's controller makes it (no workers here: its setup skipped)
+    monkeypatch.setattr(conftest.RealModelRunsOnOneWorker, "__init__", lambda self, *a: None)
+    monkeypatch.setattr(request.config.option, "dist", "loadscope")
+    scheduler = conftest.pytest_xdist_make_scheduler(request.config, None)
+    assert isinstance(scheduler, conftest.RealModelRunsOnOneWorker)
+    unit = scheduler._split_scope
+    script = "tests/test_lesson_scripts.py::test_parameters_and_lesson_cells_are_a_script_that_trains"
+    real = {unit("notebooks/04_zero2_training.ipynb::Cell 3"),
+            unit("notebooks/09_zero_or_lora.ipynb::Cell 0"),
+            unit(f"{script}[07_engine_and_accelerate-stage3]")}
+    assert real == {conftest.REAL_MODEL_GROUP}
+    assert unit("notebooks/05_stages_and_offload.ipynb::Cell 7") == \
+        "notebooks/05_stages_and_offload.ipynb"
+    assert unit(f"{script}[05_stages_and_offload]") == "tests/test_lesson_scripts.py"
+    options = tomllib.loads((Path(conftest.__file__).parent / "pyproject.toml").read_text())
+    assert "--dist loadscope" in options["tool"]["pytest"]["ini_options"]["addopts"]
+
+
 def test_each_notebooks_kernel_gets_an_nvme_folder_of_its_own(tmp_path, monkeypatch):
     """Two notebooks side by side must not share DeepSpeed's swap files (named by rank and tensor,
     not by run): each kernel's KIT_OFFLOAD_DIR is its own folder under the kit's offload folder."""
