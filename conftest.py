@@ -49,7 +49,8 @@ def _remove_own_offload_dir():
     shutil.rmtree(_OFFLOAD_DIR, ignore_errors=True)  # made by the first run that needed it
 
 
-from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too
+from tools.run_tutorial import (  # one lock: make tutorial's too
+    REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS, SCRIPT_LAUNCHED_BY_NOTEBOOK)
 
 # Under CI a skipped test fails the run (tools/ci_rules.py); a memory figure a notebook prints
 # that disagrees with the kit's T4 profile fails it too (tools/stated_figures.py).
@@ -91,7 +92,8 @@ def real_model_run(path, nodeid: str) -> bool:
     """Whether a test is one of the real model's heavy runs (a cell of its notebooks, a lesson script)."""
     return (path.suffix == ".ipynb" and path.stem in REAL_MODEL_NOTEBOOKS) or (
         path.name == "test_lesson_scripts.py" and "are_a_script_that_trains" in nodeid
-        and any(f"[{nb}" in nodeid for nb in REAL_MODEL_NOTEBOOKS))
+        and any(f"[{nb}" in nodeid for nb in REAL_MODEL_NOTEBOOKS
+                if nb not in SCRIPT_LAUNCHED_BY_NOTEBOOK))
 
 
 #: The work unit of the real model's heavy runs: one worker runs them all, one after another,

@@ -43,6 +43,7 @@ import pytest
 
 from helpers import claims
 from tools import nbtool
+from tools.run_tutorial import REAL_MODEL_NOTEBOOKS, SCRIPT_LAUNCHED_BY_NOTEBOOK
 
 #: Notebooks whose lesson cells form a script (issue 15): both must have lesson cells.
 LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_offload",
@@ -53,6 +54,9 @@ LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_off
 #: at least one JSON config into WORK_DIR, and every one must pass the kit's checker (DeepSpeed's
 #: own config classes and more).
 CONFIG_LESSONS = ("03_config_builder", "05_stages_and_offload")
+#: The learning rate a script gets when a tiny random model stands in for the real one (07's
+#: fine-tuning rate, 1e-4, leaves a random start's loss flat over its 8 smoke steps).
+RANDOM_START_RATE = {"LR": 3e-3}
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
 ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate", "peft"}
 #: The one kit module a lesson may import (``from helpers import deepspeed_fixes``): it imports
@@ -215,8 +219,17 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
 
     # The Hub-name path, offline: the model is laid out as the Hub's cache and named as on the Hub.
     # A notebook that fine-tunes the real model by default gets its real weights and real text so.
+    # One whose notebook launches this script with the real model gets a tiny Llama (the real
+    # model's architecture, random weights) under the real model's name: what is asked here, a
+    # script that runs without the kit, needs no real weights, and the real model's runs take turns.
     real = pretrained_by_default(path)
-    if real:
+    if real and path.stem in SCRIPT_LAUNCHED_BY_NOTEBOOK:
+        model, hub_name = models.save_offline_model(tmp_path / "model", "llama-tiny"), models.REAL_MODEL
+        text = data.write_offline_text(tmp_path / "train.txt", 60_000, corpus="real")
+        # Judged as the real model's script is (the held-out loss falls; batch to batch, the
+        # training loss of 8 smoke steps may rise), at a rate a random start learns at in 8 steps.
+        extra = {**RANDOM_START_RATE, **extra}
+    elif real:
         model, hub_name = models.offline_real_model(), models.REAL_MODEL
         text = data.write_offline_text(tmp_path / "train.txt", 60_000, corpus="real")
     else:
@@ -258,6 +271,20 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
         assert_held_out_falls(done.stdout)
     falling = {label: claims.training_loss_claim(label, values, real)[1] for label, values in found.items()}
     assert all(falling.values()), f"a loss did not fall (or was not finite): {found}"
+
+
+def test_the_notebooks_said_to_launch_their_script_do_so_with_the_real_model():
+    """The script tests give a tiny model to the notebooks of SCRIPT_LAUNCHED_BY_NOTEBOOK, trusting
+    their own run to launch the script with the real model: each must fine-tune the real model by
+    default and write its lesson cells as train.py in a cell of its own (a kit cell), and a
+    real-model notebook that launches nothing (09) keeps the real model here."""
+    paths = {p.stem: p for p in nbtool.notebook_paths()}
+    for stem in REAL_MODEL_NOTEBOOKS:
+        cells = json.loads(paths[stem].read_text())["cells"]
+        writes = any("write_train_script(" in "".join(c["source"]) for c in cells
+                     if c["cell_type"] == "code" and "lesson" not in c.get("metadata", {}).get("tags", []))
+        assert pretrained_by_default(paths[stem]), stem
+        assert writes == (stem in SCRIPT_LAUNCHED_BY_NOTEBOOK), (stem, writes)
 
 
 def pretrained_by_default(path: Path) -> bool:
