@@ -49,8 +49,7 @@ def _remove_own_offload_dir():
     shutil.rmtree(_OFFLOAD_DIR, ignore_errors=True)  # made by the first run that needed it
 
 
-from tools.run_tutorial import (  # one lock: make tutorial's too
-    REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS, SCRIPT_LAUNCHED_BY_NOTEBOOK)
+from tools.run_tutorial import REAL_MODEL_LOCK, REAL_MODEL_NOTEBOOKS  # one lock: make tutorial's too
 
 # Under CI a skipped test fails the run (tools/ci_rules.py); a memory figure a notebook prints
 # that disagrees with the kit's T4 profile fails it too (tools/stated_figures.py).
@@ -86,6 +85,12 @@ def _restore_environment():
 
 _held = None  # the lock file while this worker runs a real-model notebook or script (against
 # make tutorial's runs, and a pytest run without xdist's groups)
+
+
+#: The real-model notebooks whose own run launches their lesson cells as ``train.py`` (under
+#: DeepSpeed's launcher and ``accelerate launch``, two CPU ranks in smoke mode) and checks the losses
+#: it printed: the real model's script run is theirs, so the script tests need not repeat it.
+SCRIPT_LAUNCHED_BY_NOTEBOOK = ("04_zero2_training", "07_engine_and_accelerate")
 
 
 def real_model_run(path, nodeid: str) -> bool:

@@ -43,7 +43,8 @@ import pytest
 
 from helpers import claims
 from tools import nbtool
-from tools.run_tutorial import REAL_MODEL_NOTEBOOKS, SCRIPT_LAUNCHED_BY_NOTEBOOK
+from conftest import SCRIPT_LAUNCHED_BY_NOTEBOOK
+from tools.run_tutorial import REAL_MODEL_NOTEBOOKS
 
 #: Notebooks whose lesson cells form a script (issue 15): both must have lesson cells.
 LESSON_NOTEBOOKS = ("03_config_builder", "04_zero2_training", "05_stages_and_offload",

@@ -101,10 +101,6 @@ def left_out() -> list[str]:
 #: machine of 24 GB (side by side, 04's and 07's launches had the kernel killed for memory).
 REAL_MODEL_NOTEBOOKS = ("04_zero2_training", "07_engine_and_accelerate", "09_zero_or_lora")
 REAL_MODEL_LOCK = os.path.join(tempfile.gettempdir(), "zero-kit-real-model.lock")
-#: The real-model notebooks whose own run launches their lesson cells as ``train.py`` (under
-#: DeepSpeed's launcher and ``accelerate launch``, two CPU ranks in smoke mode) and checks the losses
-#: it printed: the real model's script run is theirs, so the script tests need not repeat it.
-SCRIPT_LAUNCHED_BY_NOTEBOOK = ("04_zero2_training", "07_engine_and_accelerate")
 
 
 @contextlib.contextmanager
