@@ -224,15 +224,16 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
     # model's architecture, random weights) under the real model's name: what is asked here, a
     # script that runs without the kit, needs no real weights, and the real model's runs take turns.
     real = pretrained_by_default(path)
-    if real and path.stem in SCRIPT_LAUNCHED_BY_NOTEBOOK:
-        model, hub_name = models.save_offline_model(tmp_path / "model", "llama-tiny"), models.REAL_MODEL
+    if real:
+        hub_name = models.REAL_MODEL
         text = data.write_offline_text(tmp_path / "train.txt", 60_000, corpus="real")
-        # Judged as the real model's script is (the held-out loss falls; batch to batch, the
-        # training loss of 8 smoke steps may rise), at a rate a random start learns at in 8 steps.
-        extra = {**RANDOM_START_RATE, **extra}
-    elif real:
-        model, hub_name = models.offline_real_model(), models.REAL_MODEL
-        text = data.write_offline_text(tmp_path / "train.txt", 60_000, corpus="real")
+        if path.stem in SCRIPT_LAUNCHED_BY_NOTEBOOK:
+            model = models.save_offline_model(tmp_path / "model", "llama-tiny")
+            # Judged as the real model's script is (the held-out loss falls; batch to batch, the
+            # training loss of 8 smoke steps may rise), at a rate a random start learns in 8 steps.
+            extra = {**RANDOM_START_RATE, **extra}
+        else:
+            model = models.offline_real_model()
     else:
         model, hub_name = models.save_offline_model(tmp_path / "model", "tiny"), HUB_NAME
         text = data.write_offline_text(tmp_path / "train.txt", 60_000)
