@@ -340,6 +340,12 @@ def sizing_command(argv: list[str]) -> int:
     parser.add_argument("--grad-ckpt", action="store_true")
     parser.add_argument("--world-size", type=positive_int, default=1)
     parser.add_argument(
+        "--freeze-embeddings",
+        action="store_true",
+        help="the input embedding (and a head tied to it) does not train: no gradient, no optimizer"
+             " state (notebook 06's lever for a 3B model on free Colab)",
+    )
+    parser.add_argument(
         "--ranks-per-host",
         type=positive_int,
         default=None,
@@ -369,7 +375,8 @@ def sizing_command(argv: list[str]) -> int:
     if why := sizing.ranks_problem(machine, args.world_size, args.ranks_per_host):
         refuse(parser, "--ranks-per-host", args.ranks_per_host, why)
     sizes = (args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
-    print(sizing.size_table(info, machine, *sizes, ranks_per_host=args.ranks_per_host))
+    print(sizing.size_table(info, machine, *sizes, ranks_per_host=args.ranks_per_host,
+                            frozen_embeddings=args.freeze_embeddings))
     print(sizing.verdict_line(machine))
     if args.compare:
         with quiet():

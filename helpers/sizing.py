@@ -226,8 +226,10 @@ def limits(environment: kit_env.Environment) -> dict[str, int | None]:
     return {"gpu": gpu, "cpu": environment.ram_budget_bytes, "nvme": environment.disk_free_bytes}
 
 
-#: The last row of :func:`size`: how notebook 06 trains its biggest models (no host-built model).
+#: The last rows of :func:`size`: how notebook 06 trains its biggest models (no host-built model),
+#: everything on NVMe, or the optimizer only with the fp16 weights kept on the GPU (06's default).
 ZERO_INIT_NVME = "stage 3 + NVMe offload under zero.Init"
+ZERO_INIT_NVME_OPTIMIZER = "stage 3 + NVMe optimizer, weights on GPU, under zero.Init"
 
 
 def size(
@@ -238,20 +240,24 @@ def size(
     grad_ckpt: bool = True,
     world_size: int = 1,
     ranks_per_host: int | None = None,
+    frozen_embeddings: bool = False,
 ) -> list[Sized]:
     """Every row of the stage and offload matrix for this model (built on the host, then
     partitioned), then ZeRO-3 + NVMe with the model built under ``deepspeed.zero.Init`` and
-    notebook 06's sizing (:data:`ZERO_INIT_NVME`): config, estimate, verdicts. The GPU verdict is
-    one rank's; host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`)."""
+    notebook 06's sizing, the weights on NVMe too (:data:`ZERO_INIT_NVME`) or kept on the GPU
+    (:data:`ZERO_INIT_NVME_OPTIMIZER`): config, estimate, verdicts. The GPU verdict is one rank's;
+    host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`).
+    ``frozen_embeddings``: every row with the input embedding (and a head tied to it) frozen, as
+    notebook 06 trains a 3B model within free Colab's RAM (:func:`memory.estimate`)."""
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
         (label, config.for_row(choice, info, environment, micro_batch, world_size), False)
         for label, choice in config.STAGE_ROWS
     ]
-    nvme = config.zero_infinity(
-        info, environment, micro_batch, kit_env.default_offload_dir(), world_size=world_size
-    )
-    rows.append((ZERO_INIT_NVME, nvme, True))
+    for label, offload_param in ((ZERO_INIT_NVME, "nvme"), (ZERO_INIT_NVME_OPTIMIZER, "none")):
+        nvme = config.zero_infinity(info, environment, micro_batch, kit_env.default_offload_dir(),
+                                    world_size=world_size, offload_param=offload_param)
+        rows.append((label, nvme, True))
     out = []
     for label, ds, zero_init in rows:
         est = memory.estimate(
@@ -263,6 +269,7 @@ def size(
             grad_ckpt=grad_ckpt,
             on_gpu=environment.has_gpu,
             zero_init=zero_init,
+            frozen_embeddings=frozen_embeddings,
         )
         needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in memory.PLACES}
         out.append(Sized(label, ds, est, memory.verdicts(needs, limits(environment)), needs))
@@ -277,13 +284,15 @@ def size_table(
     grad_ckpt: bool = True,
     world_size: int = 1,
     ranks_per_host: int | None = None,
+    frozen_embeddings: bool = False,
 ) -> Table:
     """Predicted GPU / host / disk GiB per stage and offload, each place's verdict and when the GPU
     peaks: what ``python -m helpers sizing`` prints and notebook 03 shows. Host and NVMe figures
-    are one host's (all its ranks)."""
+    are one host's (all its ranks); ``frozen_embeddings`` as in :func:`size`."""
     rows = []
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
-    for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size, ranks):
+    for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size, ranks,
+                  frozen_embeddings):
         word = {p: v.word for p, v in s.verdicts.items()}
         est = s.estimate
         rows.append(
@@ -304,9 +313,12 @@ def size_table(
         f"GPU {lim['gpu'] / 2**30:.1f} GiB, " if lim["gpu"] else "no GPU (everything in host RAM), "
     )
     hosts = f", {ranks} per host" if world_size > 1 else ""
+    trained = memory.without_embedding(info).n_params
+    frozen = (f", the input embedding frozen ({trained / 1e6:,.0f}M of them train)"
+              if frozen_embeddings else "")
     title = (
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters ({info.n_params:,}, as a model "
-        f"card counts them) at {micro_batch} x {seq_len}"
+        f"card counts them){frozen} at {micro_batch} x {seq_len}"
         f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
         f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
