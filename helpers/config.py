@@ -358,12 +358,14 @@ def short_run_schedule(model: memory.ModelInfo, steps: int) -> dict:
 
 def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, micro_batch: int,
                   nvme_path: str | os.PathLike, steps: int = 10, world_size: int = 1,
-                  offload_param: str = "nvme") -> dict:
+                  offload_param: str = "nvme", frozen_embeddings: bool = False) -> dict:
     """Notebook 06's ZeRO-Infinity config (its lesson function, :func:`taught.zero_infinity_config`)
     for a model the kit knows by its :class:`~helpers.memory.ModelInfo`: the optimizer on NVMe, and
     the weights too (``offload_param="nvme"``) or kept on the GPU (``"none"``), in the machine's
     precision, with :func:`short_run_schedule`'s learning rate, and page-locked buffers only where
-    the RAM budget is roomy (``PIN_MEMORY_MIN_RAM``)."""
+    the RAM budget is roomy (``PIN_MEMORY_MIN_RAM``). With ``frozen_embeddings`` (the input
+    embedding does not train) the optimizer's sub-groups are as small as the largest tensor that
+    trains, as the lesson's fine-tune sizes them."""
     if offload_param not in ("nvme", "none"):
         raise ConfigError(f"offload_param must be nvme or none, not {offload_param!r}")
     schedule = short_run_schedule(model, steps)
@@ -371,4 +373,5 @@ def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, mic
         model.n_params, model.largest_param_numel, micro_batch, 1, schedule["lr"],
         schedule["warmup_steps"], environment.precision, offload="nvme",
         offload_params=offload_param == "nvme", nvme_path=nvme_path,
-        pin_memory=environment.ram_budget_bytes >= PIN_MEMORY_MIN_RAM, world_size=world_size)
+        pin_memory=environment.ram_budget_bytes >= PIN_MEMORY_MIN_RAM, world_size=world_size,
+        sub_group_size=memory.without_embedding(model).largest_param_numel if frozen_embeddings else None)

@@ -364,8 +364,8 @@ def prepared_model(spec: RunSpec, model_config=None):
         model = with_lora(model, spec.lora)
     if spec.grad_ckpt:  # transformers 5's name (the old one prints a FutureWarning in 5.24)
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
-    if spec.freeze_embeddings:
-        freeze_embeddings(model)
+    if spec.freeze_embeddings:  # notebook 06's lesson function
+        taught.freeze_input_embedding(model)
     return model, tokenizer
 
 
@@ -413,16 +413,6 @@ def client_optimizer(optim: str, params, section: dict):
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     # the Trainer hands weight decay over in parameter groups, not in kwargs: one group here
     return cls([{"params": list(params), "weight_decay": args.weight_decay}], **kwargs)
-
-
-def freeze_embeddings(model) -> int:
-    """Freeze ``model``'s input embedding (an LM head tied to it is the same tensor, frozen with it);
-    returns the elements frozen. A frozen tensor gets no gradient and the optimizer, given only the
-    trainable ones, no states for it: under ZeRO-3 it enters neither the host's gradient buffer nor
-    the NVMe swap buffers, which are as large as the largest trained tensor."""
-    weight = model.get_input_embeddings().weight
-    weight.requires_grad_(False)
-    return int(getattr(weight, "ds_numel", weight.numel()))
 
 
 def with_lora(model, lora: dict):

@@ -256,7 +256,8 @@ def size(
     ]
     for label, offload_param in ((ZERO_INIT_NVME, "nvme"), (ZERO_INIT_NVME_OPTIMIZER, "none")):
         nvme = config.zero_infinity(info, environment, micro_batch, kit_env.default_offload_dir(),
-                                    world_size=world_size, offload_param=offload_param)
+                                    world_size=world_size, offload_param=offload_param,
+                                    frozen_embeddings=frozen_embeddings)
         rows.append((label, nvme, True))
     out = []
     for label, ds, zero_init in rows:

@@ -52,11 +52,12 @@ def row_config(base, zero):
 # ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 10 -------------------------------------------
 def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_steps, precision,
                          offload="nvme", offload_params=False, nvme_path=None, pin_memory=False,
-                         world_size=1):
+                         world_size=1, sub_group_size=None):
     """ZeRO-3 with the optimizer's states (fp32 weights and Adam's moments, 12 bytes per
     parameter) on ``offload`` ("nvme" or "cpu"), and the fp16 weights there too with
     ``offload_params`` (else they stay on the GPU: 2 bytes per parameter, no weight traffic).
-    ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers."""
+    ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers;
+    ``sub_group_size`` (None: a 32nd of the model) the optimizer's swap buffers."""
     place = {"device": offload,
              "pin_memory": pin_memory}  # page-locked buffers: faster, but they cost host RAM
     if offload == "nvme":
@@ -92,7 +93,7 @@ def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_
             # buffers as large as the largest group; a group closes once it reaches this size and
             # a tensor is never split, so the largest tensor (the embedding) is a group of its own
             # and a 32nd of the model keeps the other groups smaller than it
-            "sub_group_size": min(100_000_000, max(1_000_000, n_params // 32)),
+            "sub_group_size": sub_group_size or min(100_000_000, max(1_000_000, n_params // 32)),
             "stage3_max_live_parameters": 100_000_000,
             # with the weights on NVMe, a weight kept for reuse keeps its swap buffer: keep none
             "stage3_max_reuse_distance": 0 if weights_on_nvme else 100_000_000,
@@ -112,6 +113,14 @@ def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_
         config["aio"] = {"block_size": 1048576, "queue_depth": 16, "single_submit": False,
                          "overlap_events": True, "intra_op_parallelism": 2}
     return config
+
+
+# ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 12 -------------------------------------------
+def freeze_input_embedding(model):
+    """Freeze ``model``'s input embedding (and a head tied to it); returns the elements frozen."""
+    weight = model.get_input_embeddings().weight
+    weight.requires_grad_(False)  # no gradient: no fp16 gradient buffer, no optimizer state
+    return getattr(weight, "ds_numel", weight.numel())
 
 
 # ---- notebooks/07_engine_and_accelerate.ipynb, cell 16 -------------------------------------------

@@ -79,7 +79,8 @@ def test_ladder_stops_a_method_whose_next_rung_would_pass_the_time_budget(monkey
                                 budget_minutes=5, progress=False)
     big = [r for r in rungs if r.shape == "gpt2-124m"]
     assert [r.result.status for r in big] == ["not tried"] * len(biggest_model.METHODS)
-    assert all("past the ladder's budget of 5 min" in r.result.message for r in big)
+    assert all("past the ladder's budget of 5 min" in r.result.message for r in big
+               if r.method != biggest_model.NVME_FROZEN)
     table = str(biggest_model.largest_table(rungs))
     assert "tiny" in table and "gpt2-124m" not in table
 
@@ -89,7 +90,8 @@ def test_the_budget_stops_only_the_climb_past_the_headline(monkeypatch, tmp_path
     rungs = biggest_model.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path, True, None,
                                 headline="mini", budget_minutes=0, progress=False)
     status = {(r.shape, r.method): r.result.status for r in rungs}
-    assert all(status[("mini", m)] == runner.OK for m, _ in biggest_model.METHODS)
+    whole = [m for m, _ in biggest_model.METHODS if m != biggest_model.NVME_FROZEN]
+    assert all(status[("mini", m)] == runner.OK for m in whole)
     assert all(status[("gpt2-124m", m)] == "not tried" for m, _ in biggest_model.METHODS)
 
 
@@ -247,8 +249,13 @@ def test_a_3b_llama_is_predicted_past_the_budget_even_with_its_weights_on_the_gp
     assert host["grads"] + host["optimizer swap buffers"] > 10.63e9
     assert host["optimizer swap buffers"] == 4 * 4 * memory.ModelInfo.for_shape("llama-3.2-3b-shaped").largest_param_numel
     table = biggest_model.host_breakdown_table(["llama-3.2-3b-shaped", "smollm2-1.7b-shaped"], gpu, 4, 512, "/tmp/x")
-    assert [r[3] for r in table.rows] == ["NVMe", "NVMe optimizer, weights on GPU"] * 2
+    # the frozen embedding's row only where the optimizer on NVMe does not fit whole: the 3B's
+    frozen = biggest_model.NVME_FROZEN.removeprefix("ZeRO-3 + ")
+    assert [r[3] for r in table.rows] == ["NVMe", "NVMe optimizer, weights on GPU", frozen,
+                                          "NVMe", "NVMe optimizer, weights on GPU"]
     assert "fp16 grads" in table.header and "optimizer buffers" in table.header
+    total = table.header.index("host total")
+    assert float(table.rows[2][total]) * 2**30 < gpu.ram_budget_bytes < float(table.rows[1][total]) * 2**30
 
 
 def test_the_t4_host_table_is_a_t4s_on_a_cpu_too():
@@ -378,13 +385,57 @@ def test_a_frozen_embedding_needs_less_disk_and_a_lever_named_method_is_still_nv
                                                trained=XL.n_params // 2) == pytest.approx(whole / 2)
 
 
-def test_the_ladder_runs_a_method_that_freezes_the_embedding_with_it_frozen(monkeypatch, tmp_path):
+def test_the_ladder_freezes_the_embedding_only_where_the_optimizer_on_nvme_failed_whole(
+        monkeypatch, tmp_path):
+    """The lever is tried at a size the same method could not train with every parameter (killed
+    for RAM at "mini" here), with the embedding frozen and sub-groups of the largest tensor that
+    trains; at a size that trained whole it is not tried, and says why."""
+    seen = []
+
+    def fake(spec):
+        seen.append(spec)
+        killed = (spec.shape == "mini" and not spec.freeze_embeddings
+                  and spec.label.endswith(biggest_model.NVME_OPTIMIZER))
+        return runner.RunResult(spec.label, runner.KILLED_RAM if killed else runner.OK,
+                                losses=[] if killed else [10.8, 10.0], steps_done=2,
+                                median_step_s=1.0, wall_s=1.0)
+
+    monkeypatch.setattr(runner, "measure", fake)
+    monkeypatch.setattr(biggest_model, "METHODS", [
+        m for m in biggest_model.METHODS if m[0].startswith(biggest_model.NVME_OPTIMIZER)])
+    rungs = biggest_model.run_ladder(["tiny", "mini"], env.describe(), 2, 32, 2, tmp_path, True, None,
+                                     progress=False)
+    status = {(r.shape, r.method): r.result for r in rungs}
+    skipped = status[("tiny", biggest_model.NVME_FROZEN)]
+    assert skipped.status == runner.NOT_TRIED and "did not train every parameter" in skipped.message
+    assert status[("mini", biggest_model.NVME_FROZEN)].status == runner.OK
+    frozen = [s for s in seen if s.freeze_embeddings]
+    assert [s.shape for s in frozen] == ["mini"]
+    assert "freeze_embeddings" not in json.dumps(frozen[0].ds_config)
+    mini = memory.ModelInfo.for_shape("mini")
+    trained = memory.without_embedding(mini).largest_param_numel
+    assert frozen[0].ds_config["zero_optimization"]["sub_group_size"] == trained < mini.largest_param_numel
+    top = next(r for r in rungs if r.result.status == runner.OK and r.spec.freeze_embeddings)
+    grouped = memory.largest_sub_group_numel(memory.without_embedding(mini), trained)
+    assert biggest_model.largest_sub_group(top) == grouped < memory.largest_sub_group_numel(mini, trained)
+    lines = biggest_model.takeaways(rungs, env.describe())
+    assert any(line.startswith(f"{biggest_model.NVME_FROZEN}: up to mini") for line in lines)
+
+
+def test_a_ladder_of_the_frozen_method_alone_runs_it(monkeypatch, tmp_path):
+    # tools/gpu_nvme_rung.py runs one method: with no whole method beside it, the lever runs
     seen = []
     monkeypatch.setattr(runner, "measure", lambda spec: seen.append(spec) or runner.RunResult(
         spec.label, runner.OK, losses=[10.8, 10.0], steps_done=2, median_step_s=1.0))
-    monkeypatch.setattr(biggest_model, "METHODS", [(biggest_model.NVME_OPTIMIZER + ", embedding frozen",
-                                                   {"stage": 3, "offload_optimizer": "nvme",
-                                                    "freeze_embeddings": True})])
-    biggest_model.run_ladder(["mini"], env.describe(), 2, 32, 2, tmp_path, True, None)
+    monkeypatch.setattr(biggest_model, "METHODS", [
+        m for m in biggest_model.METHODS if m[0] == biggest_model.NVME_FROZEN])
+    biggest_model.run_ladder(["mini"], env.describe(), 2, 32, 2, tmp_path, True, None, progress=False)
     assert [s.freeze_embeddings for s in seen] == [True]
-    assert "freeze_embeddings" not in json.dumps(seen[0].ds_config)
+
+
+def test_the_takeaways_say_the_frozen_lever_was_not_needed_where_nothing_failed(monkeypatch, tmp_path):
+    monkeypatch.setattr(runner, "measure", _fake_measure(()))
+    rungs = biggest_model.run_ladder(["tiny"], env.describe(), 2, 32, 2, tmp_path, True, None,
+                                     progress=False)
+    lines = biggest_model.takeaways(rungs, env.describe())
+    assert f"{biggest_model.NVME_FROZEN}: not needed here (every size tried trained whole)." in lines

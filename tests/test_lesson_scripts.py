@@ -108,7 +108,8 @@ def _script_runs() -> list:
     """(notebook, injected parameters): each lesson notebook as it is; at ZeRO-3 when it has STAGE;
     with the fp16 weights offloaded too when it has OFFLOAD_PARAMS (notebook 06: where libaio is
     ready, as in CI, the parameter offload's NVMe buffer_count, buffer_size and max_in_cpu, which
-    its default leaves unused; without libaio, the weights go to CPU RAM)."""
+    its default leaves unused; without libaio, the weights go to CPU RAM); with the embedding
+    frozen when it has FREEZE_EMBEDDING (06's lever for a 3B)."""
     runs = []
     for path in _with_lessons():
         runs.append(pytest.param(path, {}, id=path.stem))
@@ -119,6 +120,9 @@ def _script_runs() -> list:
         if "OFFLOAD_PARAMS" in defined:
             runs.append(pytest.param(path, {"OFFLOAD_PARAMS": True},
                                      id=f"{path.stem}-weights-offloaded"))
+        if "FREEZE_EMBEDDING" in defined:
+            runs.append(pytest.param(path, {"FREEZE_EMBEDDING": True},
+                                     id=f"{path.stem}-embedding-frozen"))
     return runs
 
 
@@ -265,6 +269,12 @@ def test_parameters_and_lesson_cells_are_a_script_that_trains(path, extra, tmp_p
         return
     if extra.get("OFFLOAD_PARAMS"):  # the injection took: notebook 06's lesson prints its choice
         assert "weights offloaded too: True" in done.stdout, done.stdout[-2000:]
+    if extra.get("FREEZE_EMBEDDING"):  # the lesson froze it, and its sub-groups left it out
+        frozen = re.search(r"([\d,]+) embedding elements frozen", done.stdout)
+        assert frozen and int(frozen.group(1).replace(",", "")) > 0, done.stdout[-2000:]
+        sizes = re.search(r"largest tensor: ([\d.]+)M elements; optimizer sub-groups of ([\d,]+)",
+                          done.stdout)
+        assert sizes and int(sizes.group(2).replace(",", "")) < float(sizes.group(1)) * 1e6, sizes
     if path.stem.startswith("06_"):
         assert_finetune_lesson_output(done.stdout)
     found = loss_lines(done.stdout)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import claims, cli, config, memory, models, runner
+from helpers import claims, cli, config, memory, models, runner, taught
 
 LLAMA_STYLE = list(models.LLAMA_SHAPES)
 
@@ -345,7 +345,7 @@ def test_a_run_with_the_embedding_frozen_trains_everything_else_and_learns():
 
 def test_freezing_the_embedding_freezes_a_tied_head_with_it():
     model = models.build_model(models.model_config("llama-tiny"))
-    frozen = runner.freeze_embeddings(model)
+    frozen = taught.freeze_input_embedding(model)  # notebook 06's lesson function
     assert frozen == model.get_input_embeddings().weight.numel()
     assert not model.get_output_embeddings().weight.requires_grad
     assert all(p.requires_grad for n, p in model.named_parameters() if "embed" not in n)

@@ -25,6 +25,9 @@ NVME_BYTES_PER_PARAM = 18.2
 NVME_OPTIMIZER_BYTES_PER_PARAM = 16.0
 DISK_MARGIN = 1.25
 NVME, NVME_OPTIMIZER = "ZeRO-3 + NVMe", "ZeRO-3 + NVMe optimizer, weights on GPU"
+#: the lever for what the optimizer on NVMe cannot train whole: the input embedding frozen
+#: (notebook 06's ``freeze_input_embedding``), the sub-groups as small as the largest trained tensor
+NVME_FROZEN = f"{NVME_OPTIMIZER}, embedding frozen"
 METHODS: list[tuple[str, dict]] = [
     ("stage 0 (no ZeRO)", {"stage": 0}),
     ("ZeRO-2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
@@ -32,6 +35,8 @@ METHODS: list[tuple[str, dict]] = [
     # the fp16 weights stay on the GPU (2 bytes/param): no weight swap buffers in host RAM, no
     # weight traffic on the disk; the optimizer's states still live on NVMe
     (NVME_OPTIMIZER, {"stage": 3, "offload_optimizer": "nvme"}),
+    # tried only at a size where NVME_OPTIMIZER did not train (run_ladder)
+    (NVME_FROZEN, {"stage": 3, "offload_optimizer": "nvme", "freeze_embeddings": True}),
 ]
 
 
@@ -126,13 +131,25 @@ class Rung:
     spec: runner.RunSpec | None = None  # what ran (None: not tried)
 
 
+def nvme_rung_config(info: memory.ModelInfo, choice: dict, environment: kit_env.Environment,
+                     micro_batch: int, nvme_path: str | os.PathLike, steps: int = 10) -> dict:
+    """The ZeRO-Infinity config of an NVMe method's rung (notebook 06's lesson function): the
+    weights on NVMe or the GPU as ``choice`` says; with the embedding frozen, the optimizer's
+    sub-groups as small as the largest tensor that trains (the lesson's fine-tune does the same)."""
+    return config.zero_infinity(info, environment, micro_batch, nvme_path, steps,
+                                offload_param=choice.get("offload_param", "none"),
+                                frozen_embeddings=bool(choice.get("freeze_embeddings")))
+
+
 def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                nvme_path: str | os.PathLike, nvme_ready: bool, ram_limit_bytes: int | None,
                headline: str | None = None, budget_minutes: float | None = None, progress: bool = True) -> list[Rung]:
     """Every size with every method, smallest first. A method stops climbing once a size fails for
     it (except stage 0 at ``headline``, run to show that it does not fit). Past ``headline`` (or
     from the start without one) a method also stops once its next rung, predicted from its last one
-    (wall time scaled by parameters), would end past ``budget_minutes`` (0: stop at the headline)."""
+    (wall time scaled by parameters), would end past ``budget_minutes`` (0: stop at the headline).
+    A method that freezes the embedding is tried only at a size that :data:`NVME_OPTIMIZER`, if
+    the ladder runs it, tried and did not train (the lever for what does not fit whole)."""
     import dataclasses
 
     from tqdm.auto import tqdm
@@ -149,6 +166,12 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
         choice = {k: v for k, v in choice.items() if k != "freeze_embeddings"}
         skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why),
                                                      info.n_params, ram_limit_bytes))
+        whole = [r for r in rungs if r.shape == shape and r.method == NVME_OPTIMIZER]
+        runs_whole = any(m == NVME_OPTIMIZER for m, _ in METHODS)
+        if frozen and nvme_ready and runs_whole and not (whole and whole[0].result.status not in (
+                runner.OK, runner.NOT_TRIED, runner.NOT_HERE)):
+            skip(runner.NOT_TRIED, f"tried only where {NVME_OPTIMIZER} did not train every parameter")
+            continue
         if method in stopped and not (shape == headline and choice["stage"] == 0):
             skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
             continue
@@ -173,8 +196,8 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                 skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
                 continue
-            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps,
-                                      offload_param=choice.get("offload_param", "none"))
+            ds = nvme_rung_config(info, {**choice, "freeze_embeddings": frozen}, environment, micro_batch,
+                                  Path(nvme_path) / f"{shape}", steps)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
@@ -236,7 +259,7 @@ def plot_largest(rungs: list[Rung], environment: kit_env.Environment):
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     names = list(best)
     ax.barh(names, [(b.n_params / 1e9 if b else 0) for b in best.values()],
-            color=["gray", "tab:orange", "tab:green", "tab:blue"][:len(names)])
+            color=["gray", "tab:orange", "tab:green", "tab:blue", "tab:purple"][:len(names)])
     for i, b in enumerate(best.values()):
         ax.text((b.n_params / 1e9 if b else 0), i, f" {b.shape} ({b.result.median_step_s:.1f} s/step)" if b else " none",
                 va="center", fontsize=8)
@@ -273,8 +296,10 @@ def step_rise(result: runner.RunResult) -> int | None:
 def largest_sub_group(rung: Rung) -> int:
     """Elements in the largest optimizer sub-group of the config a rung ran (DeepSpeed's grouping)."""
     zero = (rung.spec.ds_config if rung.spec else {}).get("zero_optimization", {})
-    return memory.largest_sub_group_numel(memory.ModelInfo.for_shape(rung.shape),
-                                          int(zero.get("sub_group_size", 1e9)))
+    info = memory.ModelInfo.for_shape(rung.shape)
+    if rung.spec and rung.spec.freeze_embeddings:  # the embedding is in no sub-group
+        info = memory.without_embedding(info)
+    return memory.largest_sub_group_numel(info, int(zero.get("sub_group_size", 1e9)))
 
 
 def step_rise_limit(rung: Rung) -> int:
@@ -384,8 +409,9 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
     """Where a ZeRO-Infinity run's host RAM goes on a T4 (a GPU beside the host, whatever this
     machine has), predicted for each shape and both NVMe methods (GiB): the consumers a big
     vocabulary inflates (swap buffers sized to the embedding) beside the ones that grow with every
-    parameter (the fp16 gradient partition). Computed for a T4 on any machine (fp16 weights and
-    gradients, free Colab's RAM): a CPU's fp32 would make every host figure a T4's and a half."""
+    parameter (the fp16 gradient partition), and with the embedding frozen where the optimizer on
+    NVMe does not fit whole. Computed for a T4 on any machine (fp16 weights and gradients, free
+    Colab's RAM): a CPU's fp32 would make every host figure a T4's and a half."""
     t4 = config.t4_profile(environment)
     kinds = [("process", "process"), ("zero.Init build", "model build"), ("grads", "fp16 grads"),
              ("optimizer swap buffers", "optimizer buffers"),
@@ -393,12 +419,16 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
     rows = []
     for shape in shapes:
         info = memory.ModelInfo.for_shape(shape)
+        whole_fits = True
         for method, choice in METHODS:
-            if not is_nvme(method):
+            frozen = bool(choice.get("freeze_embeddings"))
+            if not is_nvme(method) or (frozen and whole_fits):
                 continue
-            ds = config.zero_infinity(info, t4, micro_batch, nvme_path,
-                                      offload_param=choice.get("offload_param", "none"))
-            est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=True, zero_init=True)
+            ds = nvme_rung_config(info, choice, t4, micro_batch, nvme_path)
+            est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=True, zero_init=True,
+                                  frozen_embeddings=frozen)
+            if method == NVME_OPTIMIZER:
+                whole_fits = est.total("cpu") <= t4.ram_budget_bytes
             cpu = est.parts.get("cpu", {})
             rows.append((shape, f"{info.n_params / 1e6:,.0f}M", f"{info.largest_param_numel / 1e6:,.0f}M",
                          method.removeprefix("ZeRO-3 + "),
@@ -532,6 +562,10 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
     """Notebook 06's summary: the largest model each method trained here, from this run."""
     lines = []
     for method, r in largest_per_method(rungs).items():
+        if r is None and method == NVME_FROZEN and not any(
+                x.method == method and x.spec for x in rungs):
+            lines.append(f"{method}: not needed here (every size tried trained whole).")
+            continue
         if r is None:
             lines.append(f"{method}: no size trained here.")
             continue
