@@ -123,6 +123,48 @@ def freeze_input_embedding(model):
     return getattr(weight, "ds_numel", weight.numel())
 
 
+# ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 20 -------------------------------------------
+def save_16bit_in_shards(model, folder, shard_bytes=1_000_000_000):
+    """``model``'s weights (and persistent buffers) as safetensors shards in ``folder``, with the
+    model.safetensors.index.json that from_pretrained reads; returns the shard files."""
+    import json
+    import os
+
+    import deepspeed
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    writes = not dist.is_initialized() or dist.get_rank() == 0
+    os.makedirs(folder, exist_ok=True)
+    weight_map, files, shard, size, total = {}, [], {}, 0, 0
+
+    def flush():
+        name = f"model-{len(files) + 1:05d}.safetensors"
+        if writes:
+            save_file(shard, os.path.join(folder, name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+        files.append(name)
+        shard.clear()
+
+    persistent = model.state_dict().keys()  # buffers a checkpoint keeps (not rotary caches)
+    tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers()
+                                            if n in persistent)]
+    for name, tensor in tensors:  # a tied head is the embedding's tensor: listed once
+        with deepspeed.zero.GatheredParameters([tensor] if hasattr(tensor, "ds_id") else []):
+            shard[name] = tensor.detach().to("cpu", copy=True)  # the whole tensor, briefly
+        nbytes = shard[name].numel() * shard[name].element_size()
+        size, total = size + nbytes, total + nbytes
+        if size >= shard_bytes:
+            flush()
+            size = 0
+    if shard:
+        flush()
+    if writes:
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    return files
+
+
 # ---- notebooks/07_engine_and_accelerate.ipynb, cell 16 -------------------------------------------
 def train_step(engine, batch):
     """One optimizer step through DeepSpeed's engine; returns the batch's loss. The kit's own

@@ -59,7 +59,8 @@ CONFIG_LESSONS = ("03_config_builder", "05_stages_and_offload")
 #: fine-tuning rate, 1e-4, leaves a random start's loss flat over its 8 smoke steps).
 RANDOM_START_RATE = {"LR": 3e-3}
 #: What a lesson cell (and the parameters cell) may import: these and the standard library.
-ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate", "peft"}
+ALLOWED = {"torch", "transformers", "datasets", "deepspeed", "accelerate", "peft",
+           "safetensors"}  # transformers' own dependency: its checkpoint format
 #: The one kit module a lesson may import (``from helpers import deepspeed_fixes``): it imports
 #: nothing else of the kit, and the lesson says how to get it.
 KIT_ALLOWED = {"deepspeed_fixes"}

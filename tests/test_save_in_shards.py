@@ -1,0 +1,50 @@
+"""Notebook 06's save_16bit_in_shards (helpers.taught, exported from its lesson cell): shards a
+from_pretrained reload reads back whole, none larger than asked (plus one tensor), a tied head
+written once. Under ZeRO-3 the lesson script test (tests/test_lesson_scripts.py) saves and reloads
+it with equal logits."""
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import models, taught
+
+
+def _model():
+    torch.manual_seed(0)
+    return models.build_model(models.model_config("llama-tiny"))
+
+
+def test_the_shards_reload_to_the_same_weights_with_a_tied_head_written_once(tmp_path):
+    model = _model()
+    files = taught.save_16bit_in_shards(model, tmp_path, shard_bytes=200_000)
+    model.config.save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(files) > 2 and sorted(set(index["weight_map"].values())) == sorted(files)
+    assert all((tmp_path / f).is_file() for f in files)
+    names = dict(model.named_parameters())
+    assert set(index["weight_map"]) == set(names)  # no rotary cache; the tied head once
+    assert index["metadata"]["total_size"] == sum(p.numel() * p.element_size() for p in names.values())
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    ids = torch.tensor([[1, 5, 9, 13]])
+    assert torch.equal(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_each_shard_holds_at_most_its_size_and_one_tensor_more(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    written = []
+    real = safetensors.torch.save_file
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda tensors, path, metadata=None: (
+        written.append(sum(t.numel() * t.element_size() for t in tensors.values())),
+        real(tensors, path, metadata=metadata)))
+    model = _model()
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    taught.save_16bit_in_shards(model, tmp_path, shard_bytes=100_000)
+    assert len(written) > 3 and max(written) < 100_000 + largest
+    one = tmp_path / "one"
+    taught.save_16bit_in_shards(model, one)  # the default, 1 GB: one shard for a tiny model
+    assert len(written) == len(list(tmp_path.glob("model-*.safetensors"))) + 1
