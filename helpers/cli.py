@@ -364,6 +364,9 @@ def sizing_command(argv: list[str]) -> int:
         help="also print DeepSpeed's and Accelerate's estimates beside the kit's",
     )
     args = parser.parse_args(argv)
+    if args.compare and args.freeze_embeddings:
+        refuse(parser, "--compare", "with --freeze-embeddings",
+               "DeepSpeed's and Accelerate's estimators size every parameter trained: drop one")
     try:
         with quiet():
             info, hf = sizing.resolve(args.model)

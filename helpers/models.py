@@ -77,8 +77,9 @@ LLAMA_SHAPES: dict[str, LlamaShape] = {
                                       bos=128000, eos=128001,
                                       rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    # notebook 06's moonshot: past what ZeRO-Infinity fits in free Colab's RAM (its 394M-element
-    # embedding sizes the optimizer's swap buffers; docs/deepspeed_gaps.md)
+    # notebook 06's moonshot: trained whole, past what ZeRO-Infinity fits in free Colab's RAM (its
+    # 394M-element embedding sizes the optimizer's swap buffers); with it frozen, within it, as
+    # measured in T4 emulation (docs/deepspeed_gaps.md)
     "llama-3.2-3b-shaped": LlamaShape(
         28, 3072, 8192, 24, 8, 128256, tied=True, rope_theta=500000.0, max_positions=131072,
         checkpoint="meta-llama/Llama-3.2-3B", bos=128000, eos=128001,

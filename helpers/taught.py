@@ -52,12 +52,13 @@ def row_config(base, zero):
 # ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 10 -------------------------------------------
 def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_steps, precision,
                          offload="nvme", offload_params=False, nvme_path=None, pin_memory=False,
-                         world_size=1, sub_group_size=None):
+                         world_size=1, largest_trained=None):
     """ZeRO-3 with the optimizer's states (fp32 weights and Adam's moments, 12 bytes per
     parameter) on ``offload`` ("nvme" or "cpu"), and the fp16 weights there too with
     ``offload_params`` (else they stay on the GPU: 2 bytes per parameter, no weight traffic).
-    ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers;
-    ``sub_group_size`` (None: a 32nd of the model) the optimizer's swap buffers."""
+    ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers; the
+    optimizer's sub-groups are no larger than ``largest_trained`` (with the embedding frozen, the
+    largest tensor that trains; None: every tensor trains)."""
     place = {"device": offload,
              "pin_memory": pin_memory}  # page-locked buffers: faster, but they cost host RAM
     if offload == "nvme":
@@ -93,7 +94,8 @@ def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_
             # buffers as large as the largest group; a group closes once it reaches this size and
             # a tensor is never split, so the largest tensor (the embedding) is a group of its own
             # and a 32nd of the model keeps the other groups smaller than it
-            "sub_group_size": sub_group_size or min(100_000_000, max(1_000_000, n_params // 32)),
+            "sub_group_size": min(100_000_000, max(1_000_000, n_params // 32),
+                                  largest_trained or n_params),
             "stage3_max_live_parameters": 100_000_000,
             # with the weights on NVMe, a weight kept for reuse keeps its swap buffer: keep none
             "stage3_max_reuse_distance": 0 if weights_on_nvme else 100_000_000,

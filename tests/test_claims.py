@@ -185,6 +185,8 @@ def _ladder(headline_status=runner.OK, nvme_status=runner.OK, losses=(10.8, 10.0
     out = []
     for shape in ("tiny", "gpt2-1.5b"):
         for method, _ in biggest_model.METHODS:
+            if method == biggest_model.NVME_FROZEN:  # the lever: not tried where all trained whole
+                continue
             if method.startswith("stage 0") and shape == "gpt2-1.5b":
                 out.append(_rung(shape, method, runner.OOM))
             elif biggest_model.is_nvme(method):  # weights on NVMe, or only the optimizer
@@ -207,6 +209,14 @@ def test_nvme_rows_all_not_here_fail_where_libaio_is_ready(cpu):
 
 def test_a_headline_killed_for_ram_fails(cpu):
     bad = failed(biggest_model.checks(_ladder(headline_status=runner.KILLED_RAM), cpu, "gpt2-1.5b", nvme_ready=True))
+    assert "gpt2-1.5b trains with ZeRO-3 + NVMe" in bad
+
+
+def test_a_headline_trained_only_with_its_embedding_frozen_fails(cpu):
+    # the headline is the largest size trained whole: the lever's rung does not stand in for it
+    rungs = [r for r in _ladder(headline_status=runner.KILLED_RAM)]
+    rungs.append(_rung("gpt2-1.5b", biggest_model.NVME_FROZEN))
+    bad = failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
     assert "gpt2-1.5b trains with ZeRO-3 + NVMe" in bad
 
 

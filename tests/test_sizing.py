@@ -181,6 +181,12 @@ def test_the_command_line_freezes_the_embedding_when_asked(capsys):
     assert verdict(frozen) in (memory.FITS, memory.TIGHT)
 
 
+def test_the_other_estimators_are_not_compared_with_a_frozen_embedding(capsys):
+    # DeepSpeed's and Accelerate's estimators know no frozen parameters: refused, not mislabelled
+    err = _refused(capsys, ["--model", "tiny", "--freeze-embeddings", "--compare"])
+    assert err.endswith("drop one") and "--compare" in err
+
+
 def test_past_the_headline_a_3b_llama_does_not_fit_colabs_ram_and_the_readme_says_why(t4):
     # docs/deepspeed_gaps.md ("Past 2B"): the gradient partition on the host and swap buffers sized to the tied
     # embedding put Llama-3.2-3B-shaped past 12.7 GB even built under zero.Init.

@@ -135,7 +135,7 @@ def nvme_rung_config(info: memory.ModelInfo, choice: dict, environment: kit_env.
                      micro_batch: int, nvme_path: str | os.PathLike, steps: int = 10) -> dict:
     """The ZeRO-Infinity config of an NVMe method's rung (notebook 06's lesson function): the
     weights on NVMe or the GPU as ``choice`` says; with the embedding frozen, the optimizer's
-    sub-groups as small as the largest tensor that trains (the lesson's fine-tune does the same)."""
+    sub-groups no larger than the largest tensor that trains (the lesson's fine-tune does the same)."""
     return config.zero_infinity(info, environment, micro_batch, nvme_path, steps,
                                 offload_param=choice.get("offload_param", "none"),
                                 frozen_embeddings=bool(choice.get("freeze_embeddings")))
@@ -148,8 +148,9 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     it (except stage 0 at ``headline``, run to show that it does not fit). Past ``headline`` (or
     from the start without one) a method also stops once its next rung, predicted from its last one
     (wall time scaled by parameters), would end past ``budget_minutes`` (0: stop at the headline).
-    A method that freezes the embedding is tried only at a size that :data:`NVME_OPTIMIZER`, if
-    the ladder runs it, tried and did not train (the lever for what does not fit whole)."""
+    A method that freezes the embedding is tried only at a size :data:`NVME_OPTIMIZER` (where the
+    ladder runs it) could not train whole: it failed there, or at a smaller size (the lever for
+    what does not fit whole); past the headline its time is predicted from that method's last."""
     import dataclasses
 
     from tqdm.auto import tqdm
@@ -157,7 +158,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
     if ram_limit_bytes:  # configs sized (pinned buffers, sub-groups) to the RAM each run really has
         environment = dataclasses.replace(
             environment, ram_budget_bytes=min(environment.ram_budget_bytes, ram_limit_bytes))
-    rungs, stopped, last = [], set(), {}
+    rungs, stopped, failed, last = [], set(), set(), {}
     start = time.perf_counter()
     todo = [(shape, method) for shape in shapes for method in METHODS]
     for shape, (method, choice) in tqdm(todo, desc="ladder", disable=not progress):
@@ -166,18 +167,16 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
         choice = {k: v for k, v in choice.items() if k != "freeze_embeddings"}
         skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why),
                                                      info.n_params, ram_limit_bytes))
-        whole = [r for r in rungs if r.shape == shape and r.method == NVME_OPTIMIZER]
-        runs_whole = any(m == NVME_OPTIMIZER for m, _ in METHODS)
-        if frozen and nvme_ready and runs_whole and not (whole and whole[0].result.status not in (
-                runner.OK, runner.NOT_TRIED, runner.NOT_HERE)):
-            skip(runner.NOT_TRIED, f"tried only where {NVME_OPTIMIZER} did not train every parameter")
+        if frozen and nvme_ready and not could_not_train_whole(rungs, shape, failed):
+            skip(runner.NOT_TRIED, f"tried only where {NVME_OPTIMIZER} could not train every parameter")
             continue
         if method in stopped and not (shape == headline and choice["stage"] == 0):
             skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
             continue
         past_headline = headline is None or (headline in shapes and shapes.index(shape) > shapes.index(headline))
-        if budget_minutes is not None and past_headline and method in last:
-            n, wall = last[method]
+        ref = method if method in last else (NVME_OPTIMIZER if frozen else None)
+        if budget_minutes is not None and past_headline and ref in last:
+            n, wall = last[ref]
             predicted = wall * info.n_params / n
             elapsed = time.perf_counter() - start
             if elapsed + predicted > 60 * budget_minutes:
@@ -195,6 +194,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
             except kit_env.KitSetupError as err:
                 skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
+                failed.add(method)
                 continue
             ds = nvme_rung_config(info, {**choice, "freeze_embeddings": frozen}, environment, micro_batch,
                                   Path(nvme_path) / f"{shape}", steps)
@@ -210,7 +210,20 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
             last[method] = (info.n_params, result.wall_s)
         else:
             stopped.add(method)
+            failed.add(method)
     return rungs
+
+
+def could_not_train_whole(rungs: list[Rung], shape: str, failed: set[str]) -> bool:
+    """Whether :data:`NVME_OPTIMIZER` could not train ``shape`` with every parameter: its rung there
+    failed, or was not tried because a smaller size had failed (not for the time budget). True
+    where the ladder does not run that method at all (tools/gpu_nvme_rung.py runs one)."""
+    if not any(m == NVME_OPTIMIZER for m, _ in METHODS):
+        return True
+    whole = next((r for r in rungs if r.shape == shape and r.method == NVME_OPTIMIZER), None)
+    if whole is None or whole.result.status in (runner.OK, runner.NOT_HERE):
+        return False
+    return whole.result.status != runner.NOT_TRIED or NVME_OPTIMIZER in failed
 
 
 def ladder_table(rungs: list[Rung], environment: kit_env.Environment | None = None) -> Table:
@@ -407,7 +420,7 @@ def prediction_claims(rungs: list[Rung], environment: kit_env.Environment,
 def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, micro_batch: int,
                          seq_len: int, nvme_path: str | os.PathLike) -> Table:
     """Where a ZeRO-Infinity run's host RAM goes on a T4 (a GPU beside the host, whatever this
-    machine has), predicted for each shape and both NVMe methods (GiB): the consumers a big
+    machine has), predicted for each shape and the NVMe methods (GiB): the consumers a big
     vocabulary inflates (swap buffers sized to the embedding) beside the ones that grow with every
     parameter (the fp16 gradient partition), and with the embedding frozen where the optimizer on
     NVMe does not fit whole. Computed for a T4 on any machine (fp16 weights and gradients, free
@@ -519,8 +532,8 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                                                      and "libaio" in r.result.message
                                                      for r in nvme_rows)))
     if headline and nvme_ready:
-        # the headline under either NVMe method: the one with the lower host RAM peak
-        tops = sorted((r for r in nvme_ok if r.shape == headline),
+        # the headline, every parameter trained, under either whole NVMe method: the lower RAM peak
+        tops = sorted((r for r in nvme_ok if r.shape == headline and r.method != NVME_FROZEN),
                       key=lambda r: peak_rss_seen(r.result))
         top = tops[0] if tops else None
         res = top.result if top else None
@@ -562,9 +575,10 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
     """Notebook 06's summary: the largest model each method trained here, from this run."""
     lines = []
     for method, r in largest_per_method(rungs).items():
-        if r is None and method == NVME_FROZEN and not any(
-                x.method == method and x.spec for x in rungs):
-            lines.append(f"{method}: not needed here (every size tried trained whole).")
+        levers = [x for x in rungs if x.method == method == NVME_FROZEN]
+        if r is None and levers and all(x.result.message.startswith("tried only where")
+                                        for x in levers):
+            lines.append(f"{method}: not needed here ({NVME_OPTIMIZER} trained every size it tried).")
             continue
         if r is None:
             lines.append(f"{method}: no size trained here.")
@@ -810,12 +824,15 @@ def t4_gpu_claim(label: str, peak_bytes: int | None,
 
 
 def finetune_takeaways(run: FinetuneRun, eval_before: float, eval_after: float, logit_diff: float,
-              info, offload: str) -> list[str]:
-    """The fine-tune's summary lines, each figure from this run."""
+              info, offload: str, frozen_embedding: bool = False) -> list[str]:
+    """The fine-tune's summary lines, each figure from this run (``frozen_embedding``: the lesson's
+    FREEZE_EMBEDDING, so all but the input embedding trained)."""
     gpu = ("" if run.peak_gpu_allocated_bytes is None
            else f"{run.peak_gpu_allocated_bytes / GiB:.2f} GiB of GPU, ")
     size = (f"{info.n_params / 1e9:.2f}B" if info.n_params >= 1e9 else f"{info.n_params / 1e6:,.1f}M")
-    return [f"Fine-tuned {size} parameters (every one, full Adam) with ZeRO-3 and"
+    which = (f"all but the input embedding's {memory.embedding_numel(info):,}" if frozen_embedding
+             else "every one")
+    return [f"Fine-tuned {size} parameters ({which}, full Adam) with ZeRO-3 and"
             f" {offload} offload: {gpu}{run.peak_host_rss_bytes / GB:.1f} GB of host RAM at the"
             f" kernel's peak, {run.median_step_s:.1f} s per optimizer step"
             f" ({run.tokens_per_s:,.0f} tokens/s).",
