@@ -364,7 +364,7 @@ def zero_infinity(model: memory.ModelInfo, environment: kit_env.Environment, mic
     the weights too (``offload_param="nvme"``) or kept on the GPU (``"none"``), in the machine's
     precision, with :func:`short_run_schedule`'s learning rate, and page-locked buffers only where
     the RAM budget is roomy (``PIN_MEMORY_MIN_RAM``). With ``frozen_embeddings`` (the input
-    embedding does not train) the optimizer's sub-groups are no larger than the largest tensor that
+    embedding does not train) the optimizer's sub-groups close at the largest tensor that
     trains, as the lesson's fine-tune sizes them."""
     if offload_param not in ("nvme", "none"):
         raise ConfigError(f"offload_param must be nvme or none, not {offload_param!r}")

@@ -57,8 +57,8 @@ def zero_infinity_config(n_params, largest, micro_batch, grad_accum, lr, warmup_
     parameter) on ``offload`` ("nvme" or "cpu"), and the fp16 weights there too with
     ``offload_params`` (else they stay on the GPU: 2 bytes per parameter, no weight traffic).
     ``n_params`` and ``largest`` (the elements of the largest tensor) size the buffers; the
-    optimizer's sub-groups are no larger than ``largest_trained`` (with the embedding frozen, the
-    largest tensor that trains; None: every tensor trains)."""
+    optimizer's sub-groups close at ``largest_trained`` elements at most (with the embedding
+    frozen, the largest tensor that trains; None: every tensor trains)."""
     place = {"device": offload,
              "pin_memory": pin_memory}  # page-locked buffers: faster, but they cost host RAM
     if offload == "nvme":
@@ -138,32 +138,37 @@ def save_16bit_in_shards(model, folder, shard_bytes=1_000_000_000):
 
     writes = not dist.is_initialized() or dist.get_rank() == 0
     os.makedirs(folder, exist_ok=True)
-    weight_map, files, shard, size, total = {}, [], {}, 0, 0
+    weight_map, files, shard, names, size, total = {}, [], {}, [], 0, 0
 
     def flush():
         name = f"model-{len(files) + 1:05d}.safetensors"
         if writes:
             save_file(shard, os.path.join(folder, name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
+        weight_map.update(dict.fromkeys(names, name))
         files.append(name)
         shard.clear()
+        names.clear()
 
     persistent = model.state_dict().keys()  # buffers a checkpoint keeps (not rotary caches)
     tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers()
                                             if n in persistent)]
     for name, tensor in tensors:  # a tied head is the embedding's tensor: listed once
         with deepspeed.zero.GatheredParameters([tensor] if hasattr(tensor, "ds_id") else []):
-            shard[name] = tensor.detach().to("cpu", copy=True)  # the whole tensor, briefly
-        nbytes = shard[name].numel() * shard[name].element_size()
+            nbytes = tensor.numel() * tensor.element_size()  # the whole tensor, while gathered
+            if writes:
+                shard[name] = tensor.detach().to("cpu", copy=True)
+        names.append(name)
         size, total = size + nbytes, total + nbytes
-        if size >= shard_bytes:
+        if size >= shard_bytes:  # a shard closes once it reaches shard_bytes
             flush()
             size = 0
-    if shard:
+    if names:
         flush()
     if writes:
         with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    if dist.is_initialized():
+        dist.barrier()  # every rank returns once the folder is whole
     return files
 
 

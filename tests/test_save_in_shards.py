@@ -48,3 +48,31 @@ def test_each_shard_holds_at_most_its_size_and_one_tensor_more(tmp_path, monkeyp
     one = tmp_path / "one"
     taught.save_16bit_in_shards(model, one)  # the default, 1 GB: one shard for a tiny model
     assert len(written) == len(list(tmp_path.glob("model-*.safetensors"))) + 1
+
+
+def _save_on_rank(rank: int, port: int, root: str, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:  # each rank its own folder, to see which one writes
+        files = taught.save_16bit_in_shards(_model(), f"{root}/rank{rank}", shard_bytes=200_000)
+        out.put((rank, files))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_on_two_ranks_rank_0_writes_and_both_agree_on_the_shards(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(_save_on_rank, args=(port, str(tmp_path), out), nprocs=2, start_method="spawn")
+    files = dict(out.get(timeout=60) for _ in range(2))
+    assert files[0] == files[1] and len(files[0]) > 2
+    assert sorted(p.name for p in (tmp_path / "rank0").glob("model-*")) == files[0]
+    assert not list((tmp_path / "rank1").iterdir())  # made, never written into

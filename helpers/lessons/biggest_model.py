@@ -135,7 +135,7 @@ def nvme_rung_config(info: memory.ModelInfo, choice: dict, environment: kit_env.
                      micro_batch: int, nvme_path: str | os.PathLike, steps: int = 10) -> dict:
     """The ZeRO-Infinity config of an NVMe method's rung (notebook 06's lesson function): the
     weights on NVMe or the GPU as ``choice`` says; with the embedding frozen, the optimizer's
-    sub-groups no larger than the largest tensor that trains (the lesson's fine-tune does the same)."""
+    sub-groups closing at the largest tensor that trains (the lesson's fine-tune does the same)."""
     return config.zero_infinity(info, environment, micro_batch, nvme_path, steps,
                                 offload_param=choice.get("offload_param", "none"),
                                 frozen_embeddings=bool(choice.get("freeze_embeddings")))
