@@ -28,6 +28,8 @@ NVME, NVME_OPTIMIZER = "ZeRO-3 + NVMe", "ZeRO-3 + NVMe optimizer, weights on GPU
 #: the lever for what the optimizer on NVMe cannot train whole: the input embedding frozen
 #: (notebook 06's ``freeze_input_embedding``), the sub-groups as small as the largest trained tensor
 NVME_FROZEN = f"{NVME_OPTIMIZER}, embedding frozen"
+#: why the lever's rung was not tried at a size (NVME_OPTIMIZER trained it whole)
+LEVER_NOT_NEEDED = f"tried only where {NVME_OPTIMIZER} could not train every parameter"
 METHODS: list[tuple[str, dict]] = [
     ("stage 0 (no ZeRO)", {"stage": 0}),
     ("ZeRO-2 + CPU offload", {"stage": 2, "offload_optimizer": "cpu"}),
@@ -131,16 +133,6 @@ class Rung:
     spec: runner.RunSpec | None = None  # what ran (None: not tried)
 
 
-def nvme_rung_config(info: memory.ModelInfo, choice: dict, environment: kit_env.Environment,
-                     micro_batch: int, nvme_path: str | os.PathLike, steps: int = 10) -> dict:
-    """The ZeRO-Infinity config of an NVMe method's rung (notebook 06's lesson function): the
-    weights on NVMe or the GPU as ``choice`` says; with the embedding frozen, the optimizer's
-    sub-groups closing at the largest tensor that trains (the lesson's fine-tune does the same)."""
-    return config.zero_infinity(info, environment, micro_batch, nvme_path, steps,
-                                offload_param=choice.get("offload_param", "none"),
-                                frozen_embeddings=bool(choice.get("freeze_embeddings")))
-
-
 def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch: int, seq_len: int, steps: int,
                nvme_path: str | os.PathLike, nvme_ready: bool, ram_limit_bytes: int | None,
                headline: str | None = None, budget_minutes: float | None = None, progress: bool = True) -> list[Rung]:
@@ -168,7 +160,7 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
         skip = lambda status, why: rungs.append(Rung(shape, method, runner.RunResult(method, status, why),
                                                      info.n_params, ram_limit_bytes))
         if frozen and nvme_ready and not could_not_train_whole(rungs, shape, failed):
-            skip(runner.NOT_TRIED, f"tried only where {NVME_OPTIMIZER} could not train every parameter")
+            skip(runner.NOT_TRIED, LEVER_NOT_NEEDED)
             continue
         if method in stopped and not (shape == headline and choice["stage"] == 0):
             skip(runner.NOT_TRIED, "a smaller size already failed, or the time budget ran out")
@@ -196,8 +188,9 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                 stopped.add(method)
                 failed.add(method)
                 continue
-            ds = nvme_rung_config(info, {**choice, "freeze_embeddings": frozen}, environment, micro_batch,
-                                  Path(nvme_path) / f"{shape}", steps)
+            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps,
+                                      offload_param=choice.get("offload_param", "none"),
+                                      frozen_embeddings=frozen)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
@@ -437,7 +430,9 @@ def host_breakdown_table(shapes: list[str], environment: kit_env.Environment, mi
             frozen = bool(choice.get("freeze_embeddings"))
             if not is_nvme(method) or (frozen and whole_fits):
                 continue
-            ds = nvme_rung_config(info, choice, t4, micro_batch, nvme_path)
+            ds = config.zero_infinity(info, t4, micro_batch, nvme_path,
+                                      offload_param=choice.get("offload_param", "none"),
+                                      frozen_embeddings=frozen)
             est = memory.estimate(info, ds, seq_len=seq_len, on_gpu=True, zero_init=True,
                                   frozen_embeddings=frozen)
             if method == NVME_OPTIMIZER:
@@ -576,8 +571,7 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
     lines = []
     for method, r in largest_per_method(rungs).items():
         levers = [x for x in rungs if x.method == method == NVME_FROZEN]
-        if r is None and levers and all(x.result.message.startswith("tried only where")
-                                        for x in levers):
+        if r is None and levers and all(x.result.message == LEVER_NOT_NEEDED for x in levers):
             lines.append(f"{method}: not needed here ({NVME_OPTIMIZER} trained every size it tried).")
             continue
         if r is None:
