@@ -84,6 +84,10 @@ class RunSpec:
     # is handed to deepspeed.initialize in place of the config's "optimizer" (its lr, betas, eps and
     # weight decay); None: the config's
     optimizer: str | None = None
+    # after training: notebook 06's 16-bit save (taught.save_16bit_in_shards) into this folder,
+    # the engine freed, the folder reloaded with from_pretrained and its logits compared with the
+    # trained engine's on one batch; the folder is removed afterwards (None: no save)
+    save_reload_dir: str | None = None
 
     def __post_init__(self) -> None:
         """A config that gives no micro batch in numbers ("auto" is the Trainer's to fill) cannot
@@ -138,6 +142,11 @@ class RunResult:
     rss_phases: list[dict] = field(default_factory=list)  # rank 0's phases (PhaseTrace)
     last_phase: str = ""  # the phase rank 0 was in when the parent killed the run (RAM, time)
     deepspeed_fixes: list[str] = field(default_factory=list)  # helpers.deepspeed_fixes it installed
+    # RunSpec.save_reload_dir: the largest logit difference between the reloaded folder and the
+    # trained engine (None: no save), the bytes the save wrote, and its seconds
+    reload_logit_diff: float | None = None
+    saved_bytes: int = 0
+    save_s: float | None = None
 
 
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
@@ -234,7 +243,8 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
     config = dict(spec.ds_config)
     # Only the fixes this config needs (a stage 2 run gets none that changes a result), named in
     # the result so the tables can say which ran: a lesson's figure never leans on a hidden one.
-    deepspeed_fixes.install_needed(config, in_kernel=False, on_cpu=not cuda, destroys=False)
+    deepspeed_fixes.install_needed(config, in_kernel=False, on_cpu=not cuda,
+                                   destroys=bool(spec.save_reload_dir))
     result["deepspeed_fixes"] = deepspeed_fixes.in_place()  # recorded before anything can fail
     model_config = models.model_config(spec.shape, spec.vocab_size, max_positions=max(1024, spec.seq_len))
     keep_alive = None
@@ -294,7 +304,60 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
                                                  trace.gpu_high if trace else 0)
         result["peak_gpu_reserved_bytes"] = max(torch.cuda.max_memory_reserved(),
                                                 trace.gpu_reserved_high if trace else 0)
+    if spec.save_reload_dir:
+        keep_alive = None  # dropped: from_pretrained would partition the reload under ZeRO-3
+        save_and_reload(engine, (held or steps)[0][:1, :32], spec.save_reload_dir,
+                        precision_of(config), result, enter)
     del keep_alive
+
+
+def save_and_reload(engine, probe, folder: str, precision: str, result: dict, enter) -> None:
+    """Notebook 06's save and reload, measured: ``engine``'s logits on ``probe``, the 16-bit save
+    (:func:`helpers.taught.save_16bit_in_shards`, with the model's config) into ``folder``, the
+    engine destroyed (its buffers freed: helpers.deepspeed_fixes), ``from_pretrained`` with
+    ``device_map`` in ``precision`` (the config's), the largest logit difference, the bytes
+    written and the save's seconds in ``result``; ``folder`` is removed."""
+    import gc
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = engine.device
+    engine.eval()
+    with torch.no_grad():
+        trained = engine(input_ids=probe.to(device)).logits.float().cpu()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    enter("16-bit save")
+    start = time.perf_counter()
+    files = taught.save_16bit_in_shards(engine.module, folder)
+    engine.module.config.save_pretrained(folder)
+    result["save_s"] = time.perf_counter() - start
+    result["saved_bytes"] = sum((Path(folder) / f).stat().st_size for f in set(files))
+    engine.destroy()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    enter("reload")
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device),
+                                                    use_kernels=False).eval()
+    with torch.no_grad():
+        logits = reloaded(input_ids=probe.to(device)).logits.float().cpu()
+    result["reload_logit_diff"] = (logits - trained).abs().max().item()
+    del reloaded
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def precision_of(config: dict) -> str:
+    """The 16-bit type a DeepSpeed config trains in: "fp16", "bf16" or "fp32"."""
+    for name in ("fp16", "bf16"):
+        if (config.get(name) or {}).get("enabled") is True:
+            return name
+    return "fp32"
+
+
+def bytes_per_param(config: dict) -> int:
+    """Bytes a weight takes in the type a DeepSpeed config trains in (:func:`precision_of`)."""
+    return 4 if precision_of(config) == "fp32" else 2
 
 
 def measure_inside(engine, result: dict, step_times: list[float], enter, cuda: bool) -> None:
@@ -676,6 +739,9 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.optimizer_step_s = first.get("optimizer_step_s", [])
     result.rss_phases = first.get("rss_phases", [])
     result.deepspeed_fixes = first.get("deepspeed_fixes", [])
+    result.reload_logit_diff = first.get("reload_logit_diff")
+    result.saved_bytes = first.get("saved_bytes", 0)
+    result.save_s = first.get("save_s")
     result.median_step_s = median_step_s(result.step_times_s)
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None

@@ -177,7 +177,11 @@ def _rung(shape, method, status=runner.OK, losses=(10.8, 10.0, 9.5, 9.0, 8.7, 8.
     if biggest_model.is_nvme(method):  # the config the ladder gives it (its optimizer sub-groups)
         ds = config.zero_infinity(memory.ModelInfo.for_shape(shape),
                                   config.t4_profile(env.describe()), 4, "/tmp/zero_kit_offload")
-        spec = runner.RunSpec(ds_config=ds, shape=shape)
+        saves = shape == "gpt2-1.5b"  # the headline saves and reloads (run_ladder)
+        spec = runner.RunSpec(ds_config=ds, shape=shape,
+                              save_reload_dir="/tmp/zero_kit_offload/saved" if saves else None)
+        if saves and status == runner.OK:
+            result.reload_logit_diff, result.saved_bytes, result.save_s = 1e-3, 10**9, 5.0
     return biggest_model.Rung(shape, method, result, 1, spec=spec)
 
 
@@ -222,6 +226,22 @@ def test_a_headline_trained_only_with_its_embedding_frozen_fails(cpu):
 
 def _headline_nvme(rungs):
     return [r for r in rungs if r.shape == "gpt2-1.5b" and biggest_model.is_nvme(r.method)]
+
+
+RELOAD_CLAIM = ("the NVMe runs from gpt2-1.5b up save their 16-bit weights in shards that "
+                "from_pretrained reloads to the trained logits")
+
+
+def test_a_headline_whose_save_reloads_other_logits_or_did_not_save_fails(cpu):
+    rungs = _ladder()
+    top = _headline_nvme(rungs)
+    top[0].result.reload_logit_diff = 0.2  # past fp16's 5e-2: the reload is not the model trained
+    assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == [RELOAD_CLAIM]
+    top[0].result.reload_logit_diff = None  # the save or the reload never happened
+    assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == [RELOAD_CLAIM]
+    for r in top:
+        r.spec.save_reload_dir = None  # no rung saved at all: nothing shows the save works
+    assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == [RELOAD_CLAIM]
 
 
 def test_a_headline_that_finished_over_the_ram_budget_fails(cpu):

@@ -151,8 +151,17 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     assert len(table.rows) == 1  # NVMe rungs that ran only
     row = dict(zip(table.header, table.rows[0]))
     assert row["vs bound"] == f"{10.0 / bound:.1f}x"
-    assert [row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES] == ["1.00", "2.00", "3.00", "4.00"]
+    assert ([row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES]
+            == ["1.00", "2.00", "3.00", "4.00", "5.00"])
+    assert row["reload logit diff"] == "-"  # this rung did not save
     lines = biggest_model.takeaways(rungs, env.describe())
+    assert not any(line.startswith("Saved at") for line in lines)
+    ran.reload_logit_diff, ran.saved_bytes, ran.save_s = 0.012, 248_000_000, 3.0
+    row = dict(zip(table.header, biggest_model.nvme_table(rungs, 1000.0, 2000.0).rows[0]))
+    assert row["reload logit diff"] == "1.2e-02"
+    lines = biggest_model.takeaways(rungs, env.describe())
+    assert ("Saved at gpt2-124m: 0.25 GB of 16-bit shards in 3 s, host RAM 5.0 GiB while saving; "
+            "from_pretrained's reload gives its logits within 1.2e-02.") in lines
     # GPT-2's embedding (50257 x 768) is its largest sub-group: DeepSpeed never splits a parameter
     assert any("optimizer step +1.00 GiB over forward and backward (27.8 bytes per element of its "
                "largest optimizer sub-group, 38.6M)" in l for l in lines), lines
@@ -384,6 +393,43 @@ def test_a_frozen_embedding_needs_less_disk_and_a_lever_named_method_is_still_nv
     whole = biggest_model.predicted_nvme_step_s(XL, 1000.0, 1000.0, weights_on_nvme=False)
     assert biggest_model.predicted_nvme_step_s(XL, 1000.0, 1000.0, weights_on_nvme=False,
                                                trained=XL.n_params // 2) == pytest.approx(whole / 2)
+
+
+def test_the_ladder_saves_and_reloads_its_nvme_runs_from_the_headline_up(monkeypatch, tmp_path):
+    """The top of the ladder (the headline and past it) saves and reloads under ZeRO-3 + NVMe; no
+    smaller size and no other method spends the time; the disk check counts the save's bytes."""
+    monkeypatch.setattr(runner, "measure", _fake_measure(()))
+    checked = []
+    real = biggest_model.check_disk
+    monkeypatch.setattr(biggest_model, "check_disk", lambda info, path, **k: (
+        checked.append((info.name, k["saved_bytes_per_param"])), real(info, path, **k))[1])
+    rungs = biggest_model.run_ladder(["tiny", "mini", "gpt2-124m"], env.describe(), 2, 64, 2, tmp_path,
+                                     True, None, headline="mini", progress=False)
+    saved = {(r.shape, r.method) for r in rungs if r.spec and r.spec.save_reload_dir}
+    nvme = [m for m, _ in biggest_model.METHODS if m != biggest_model.NVME_FROZEN and biggest_model.is_nvme(m)]
+    assert saved == {(shape, m) for shape in ("mini", "gpt2-124m") for m in nvme}
+    assert all(str(tmp_path) in r.spec.save_reload_dir for r in rungs if (r.shape, r.method) in saved)
+    assert sorted(set(checked)) == [("gpt2-124m", 4), ("mini", 4), ("tiny", 0)]  # fp32 on the CPU
+    info = memory.ModelInfo.for_shape("gpt2-124m")
+    assert (biggest_model.nvme_bytes_needed(info, saved_bytes_per_param=2)
+            == biggest_model.nvme_bytes_needed(info) + 2 * info.n_params)
+    assert not biggest_model.saves(["tiny", "mini"], "tiny", None)  # no headline: no save
+
+
+def test_a_run_saves_reloads_and_compares_logits_under_zero3_nvme(tmp_path):
+    """A real ZeRO-3 run with the optimizer on NVMe and the embedding frozen, on the CPU: notebook
+    06's sharded save, the engine freed, from_pretrained's reload gives the trained logits; the
+    save's RSS is its own phase and the folder is gone after."""
+    info = memory.ModelInfo.for_shape("llama-tiny")
+    ds = config.zero_infinity(info, env.describe(), 2, tmp_path / "nvme", 2, frozen_embeddings=True)
+    spec = runner.RunSpec(ds_config=ds, shape="llama-tiny", steps=2, grad_ckpt=True, zero_init=True,
+                          freeze_embeddings=True, save_reload_dir=str(tmp_path / "saved"), force_cpu=True)
+    r = runner.measure(spec)
+    assert r.status == runner.OK, r.message
+    assert r.reload_logit_diff is not None and r.reload_logit_diff <= biggest_model.RELOAD_TOL["fp32"]
+    assert r.saved_bytes >= 4 * info.n_params * 0.99 and r.save_s > 0
+    assert [p["name"] for p in r.rss_phases][-2:] == ["16-bit save", "reload"]
+    assert not (tmp_path / "saved").exists()
 
 
 def test_the_ladder_freezes_the_embedding_only_where_the_optimizer_on_nvme_failed_whole(

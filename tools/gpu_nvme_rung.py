@@ -6,7 +6,9 @@ budget: ``--freeze-embeddings`` (the input embedding, and a head tied to it, doe
 ``--fp16-master`` (DeepSpeed's ``fp16.fp16_master_weights_and_grads``: the optimizer's master
 weights and gradients in fp16, so its swap buffers and gradient files in 2 bytes, not 4), and
 ``--sub-group-size`` (the optimizer's sub-groups, whose largest sets the swap buffers' size).
-``--disk-margin`` sets the disk check's margin over the files expected (1.25).
+``--disk-margin`` sets the disk check's margin over the files expected (1.25). The rung is the
+ladder's headline, so it also saves its 16-bit weights in shards and reloads them (the logits'
+largest difference in the row and the JSON).
 
     KIT_EMULATE=t4 python tools/gpu_nvme_rung.py SHAPE [--weights nvme|gpu] [--freeze-embeddings]
         [--fp16-master] [--sub-group-size N] [--disk-margin X] [--steps N]
@@ -83,4 +85,6 @@ print(json.dumps({"shape": args.shape, "method": method, "status": r.status, "me
                   "skipped": r.skipped_steps, "limit": limit,
                   "verdict": biggest_model.rung_verdict(rungs[0], machine),
                   "predicted": {k: v for k, v in est.parts.items()} if est else None,
-                  "phases": r.rss_phases, "write": write, "read": read}))
+                  "phases": r.rss_phases, "write": write, "read": read,
+                  "reload_logit_diff": r.reload_logit_diff, "saved_bytes": r.saved_bytes,
+                  "save_s": r.save_s}))

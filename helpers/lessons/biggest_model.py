@@ -54,20 +54,23 @@ def weights_on_nvme(rung: "Rung") -> bool:
 
 
 def nvme_bytes_needed(model: memory.ModelInfo, weights_on_nvme: bool = True,
-                      frozen_embeddings: bool = False) -> int:
+                      frozen_embeddings: bool = False, saved_bytes_per_param: int = 0) -> int:
     """Disk the NVMe files will take (measured bytes per parameter), before the safety margin.
     With the embedding frozen its optimizer states and gradients take none (its fp16 weights, on
-    NVMe, 2 bytes a parameter, still do)."""
+    NVMe, 2 bytes a parameter, still do). A run that saves its weights beside them adds
+    ``saved_bytes_per_param`` for every parameter (2 for a 16-bit save)."""
     per_param = NVME_BYTES_PER_PARAM if weights_on_nvme else NVME_OPTIMIZER_BYTES_PER_PARAM
     frozen = memory.embedding_numel(model) if frozen_embeddings else 0
     kept = 2 * frozen if weights_on_nvme else 0
-    return int(per_param * (model.n_params - frozen) + kept)
+    return int(per_param * (model.n_params - frozen) + kept + saved_bytes_per_param * model.n_params)
 
 
 def check_disk(model: memory.ModelInfo, path: str | os.PathLike, margin: float = DISK_MARGIN,
-               weights_on_nvme: bool = True, frozen_embeddings: bool = False) -> int:
-    """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files; returns the bytes free."""
-    files = nvme_bytes_needed(model, weights_on_nvme, frozen_embeddings)
+               weights_on_nvme: bool = True, frozen_embeddings: bool = False,
+               saved_bytes_per_param: int = 0) -> int:
+    """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files (and a
+    save's, :func:`nvme_bytes_needed`); returns the bytes free."""
+    files = nvme_bytes_needed(model, weights_on_nvme, frozen_embeddings, saved_bytes_per_param)
     need = int(files * margin)
     free = kit_env.disk_free_bytes(Path(path))
     if free < need:
@@ -176,27 +179,32 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
                                   f"past the ladder's budget of {budget_minutes:g} min: raise LADDER_MINUTES to climb further")
                 stopped.add(method)
                 continue
+        save_dir = None
         if "nvme" in choice.values():
             if not nvme_ready:
                 skip(runner.NOT_HERE, "libaio missing: apt-get install -y libaio-dev")
                 continue
+            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps,
+                                      offload_param=choice.get("offload_param", "none"),
+                                      frozen_embeddings=frozen)
+            if saves(shapes, shape, headline):
+                save_dir = str(Path(nvme_path) / f"{shape}-saved")
             try:
                 check_disk(info, nvme_path, weights_on_nvme=choice.get("offload_param") == "nvme",
-                           frozen_embeddings=frozen)
+                           frozen_embeddings=frozen,
+                           saved_bytes_per_param=runner.bytes_per_param(ds) if save_dir else 0)
             except kit_env.KitSetupError as err:
                 skip(runner.REFUSED_DISK, str(err))
                 stopped.add(method)
                 failed.add(method)
                 continue
-            ds = config.zero_infinity(info, environment, micro_batch, Path(nvme_path) / f"{shape}", steps,
-                                      offload_param=choice.get("offload_param", "none"),
-                                      frozen_embeddings=frozen)
         else:
             ds = config.build(**choice, micro_batch=micro_batch, trainer=False, environment=environment,
                               pin_memory=False, **config.short_run_schedule(info, steps))
         spec = runner.RunSpec(ds_config=ds, shape=shape, seq_len=seq_len, steps=steps,
                              grad_ckpt=True, label=f"{shape} {method}", ram_limit_bytes=ram_limit_bytes,
-                             zero_init=choice["stage"] == 3, timeout_s=3600, freeze_embeddings=frozen)
+                             zero_init=choice["stage"] == 3, timeout_s=3600, freeze_embeddings=frozen,
+                             save_reload_dir=save_dir)
         result = runner.measure(spec)
         rungs.append(Rung(shape, method, result, info.n_params, ram_limit_bytes, spec))
         if result.status == runner.OK:
@@ -205,6 +213,12 @@ def run_ladder(shapes: list[str], environment: kit_env.Environment, micro_batch:
             stopped.add(method)
             failed.add(method)
     return rungs
+
+
+def saves(shapes: list[str], shape: str, headline: str | None) -> bool:
+    """Whether an NVMe rung at ``shape`` saves its weights and reloads them (the run's
+    ``save_reload_dir``): at ``headline`` and the sizes past it, the ladder's top."""
+    return headline in shapes and shapes.index(shape) >= shapes.index(headline)
 
 
 def could_not_train_whole(rungs: list[Rung], shape: str, failed: set[str]) -> bool:
@@ -277,7 +291,8 @@ def plot_largest(rungs: list[Rung], environment: kit_env.Environment):
 
 #: The phases of a run's host RSS (helpers.runner.PhaseTrace, recorded by every run), as the table names them.
 RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
-              ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step")]
+              ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step"),
+              ("16-bit save", "16-bit save")]
 #: What the optimizer step may add to host RSS over forward and backward, at most: the estimator's
 #: step temporaries with the optimizer on NVMe (memory.STEP_SUB_GROUP_BYTES per element of the
 #: largest optimizer sub-group) with this margin. DeepSpeed's own overflow check would add 3 bytes
@@ -322,8 +337,9 @@ def step_rise_ok(rung: Rung) -> bool:
 
 
 def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
-    """Every ZeRO-3 + NVMe rung that ran: its step time against the disk's lower bound, and where
-    host RAM went (peak RSS per phase of the run, GiB)."""
+    """Every ZeRO-3 + NVMe rung that ran: its step time against the disk's lower bound, where host
+    RAM went (peak RSS per phase of the run, GiB; the 16-bit save at the ladder's top), and how far
+    the reloaded save's logits are from the trained model's ("-": no save)."""
     rows = []
     for r in rungs:
         if not is_nvme(r.method) or r.result.status != runner.OK:
@@ -337,9 +353,11 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
                      show.seconds(step), show.seconds(bound),
                      f"{step / bound:.1f}x" if step and bound else "-",
                      *(show.gib(peaks.get(name)) for name, _ in RSS_PHASES),
-                     show.gib(r.result.peak_host_rss_bytes or None)))
+                     show.gib(r.result.peak_host_rss_bytes or None),
+                     show.MISSING if r.result.reload_logit_diff is None else f"{r.result.reload_logit_diff:.1e}"))
     return Table(["model", "parameters", "NVMe holds", "s/step", "disk bound s", "vs bound",
-                  *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)"], rows,
+                  *(f"RSS {label}" for _, label in RSS_PHASES), "peak RSS (parent)",
+                  "reload logit diff"], rows,
                  title="ZeRO-3 + NVMe: time against the disk, host RAM (GiB) by phase")
 
 
@@ -540,6 +558,9 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                 (f"{headline}: peak host RSS within the run's {budget / 1e9:.1f} GB RAM budget"
                  " (sampled, and the process's own high-water mark)",
                  bool(res) and 0 < peak_rss_seen(res) <= budget)]
+        saved = [r for r in nvme_ok if r.spec and r.spec.save_reload_dir]
+        out.append((f"the NVMe runs from {headline} up save their 16-bit weights in shards that "
+                    "from_pretrained reloads to the trained logits", reloads_ok(saved)))
     if headline and environment.has_gpu:
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
         out.append((f"{headline} under stage 0 runs out of GPU memory",
@@ -548,6 +569,15 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
             out.append(t4_gpu_claim(f"{headline}: peak GPU memory",
                                     res.peak_gpu_allocated_bytes if res else None, environment))
     return out
+
+
+def reloads_ok(rungs: list[Rung]) -> bool:
+    """Whether ``rungs`` (at least one) each reloaded their save within :data:`RELOAD_TOL` of their
+    precision; a run that did not save, or saved and failed, does not hold."""
+    return bool(rungs) and claims.every(
+        r.result.reload_logit_diff is not None
+        and r.result.reload_logit_diff <= RELOAD_TOL[runner.precision_of(r.spec.ds_config)]
+        for r in rungs)
 
 
 def peak_rss_seen(result: runner.RunResult) -> int:
@@ -589,6 +619,13 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
                      f"deepspeed.initialize, the optimizer step {rise / GiB:+.2f} GiB over forward and "
                      f"backward ({rise / largest_sub_group(top):.1f} bytes per element of its "
                      f"largest optimizer sub-group, {largest_sub_group(top) / 1e6:,.1f}M).")
+    saved = [r for r in nvme if r.result.reload_logit_diff is not None]
+    if saved:
+        top = saved[-1]
+        lines.append(f"Saved at {top.shape}: {top.result.saved_bytes / 1e9:.2f} GB of 16-bit shards in "
+                     f"{top.result.save_s:.0f} s, host RAM {phase_peaks(top.result).get('16-bit save', 0) / GiB:.1f}"
+                     f" GiB while saving; from_pretrained's reload gives its logits within "
+                     f"{top.result.reload_logit_diff:.1e}.")
     stopped = [r for r in rungs if r.result.status not in (runner.OK, runner.NOT_TRIED)]
     if stopped:
         first = stopped[0]
