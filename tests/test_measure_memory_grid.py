@@ -30,6 +30,16 @@ def test_the_grid_covers_the_issue_and_half_of_it_is_held_out():
     assert sum(p[4] for p in planned) / 60 / 4 < 8  # minutes of wall time with 4 side by side
 
 
+def test_the_held_out_cases_are_none_of_the_grids_and_all_validation():
+    t4 = config.t4_profile(kit_env.describe())
+    held = grid_tool.plan(t4, smoke=False, steps=3, nvme=True, held_out=True)
+    grid_ids = {c.id for c, _ in grid_tool.grid()}
+    assert held and all(p[1] == "validation" and p[0].id not in grid_ids for p in held)
+    assert {p[0].row for p in held} >= {"stage 3 + CPU offload", "stage 3 + NVMe offload"}
+    without_nvme = grid_tool.plan(t4, smoke=False, steps=3, nvme=False, held_out=True)
+    assert all(p[0].row != "stage 3 + NVMe offload" for p in without_nvme)
+
+
 def test_a_smoke_case_runs_and_its_row_loads_as_a_measurement(tmp_path, capsys):
     out = tmp_path / "grid.jsonl"
     assert grid_tool.main(["--smoke", "--max-cases", "1", "--steps", "2", "--out", str(out)]) == 0

@@ -6,7 +6,8 @@
 #     fine-tune part; after the job KIT_FT_AFTER names, if set), nbval-a (01-04, 07),
 #     nbval-NN[-NN...] (those notebooks; 06: KIT_LADDER_HEADLINE cuts the ladder), rungs
 #     (tools/gpu_nvme_rung.py for each entry of KIT_RUNGS, one after another: its arguments joined
-#     by "+", e.g. llama-3.2-3b-shaped+--weights=gpu+--freeze-embeddings)
+#     by "+", e.g. llama-3.2-3b-shaped+--weights=gpu+--freeze-embeddings), heldout (the memory
+#     grid's held-out cases: tools/measure_memory_grid.py --held-out, rows in heldout.jsonl)
 #     JOB@OTHER: JOB starts once job OTHER has ended (so a timed job does not share the machine)
 #   bash tools/gpu_session.sh wait SECONDS    # until "all done"; logs land in $OUT
 set -u
@@ -49,6 +50,8 @@ start)
       nbval-*) nbs=""; for n in $(echo ${name#nbval-} | tr '-' ' '); do
           nbs="$nbs $(ls notebooks/${n}_*.ipynb)"; done
         job $name "$(nbval $nbs)" ;;
+      heldout) job heldout "python3 tools/measure_memory_grid.py --held-out --out $W/heldout.jsonl \
+        --parallel 3 --limit-minutes 12" ;;
       rungs) job rungs "for r in ${KIT_RUNGS:-}; do python3 tools/gpu_nvme_rung.py \${r//+/ }; done" ;;
     esac
   done ;;
