@@ -1126,6 +1126,11 @@ def _precision_combinations(config: dict, stage: int | None, precision: str | No
         if stage == 0:  # runtime/config.py _do_error_check
             out.append(Problem("error", key, "master weights in 16 bits need ZeRO stage 1, 2 or 3.",
                                'Set a ZeRO stage >= 1, or remove it.'))
+        elif stage == 3 and device == "nvme" and key.startswith("fp16"):  # measured, not read
+            out.append(Problem("error", key, "fp16 master weights with the optimizer on NVMe stopped with "
+                               "an AssertionError in the first optimizer step (DeepSpeed 0.19.8, a "
+                               "Llama-3.2-3B-shaped run in T4 emulation, twice): only CPU offload runs it.",
+                               'Use "offload_optimizer": {"device": "cpu"}, or remove it and keep NVMe.'))
         elif device not in (("cpu", "nvme") if stage == 3 else ("cpu",)) and not (
                 key.startswith("bf16") and _get(config, "bf16.bf16_optimizer_states") is True):
             out.append(Problem("error", key, "16-bit master weights need the optimizer offloaded with "
