@@ -346,6 +346,12 @@ def sizing_command(argv: list[str]) -> int:
              " state (notebook 06's lever for a 3B model on free Colab)",
     )
     parser.add_argument(
+        "--save-in-shards",
+        action="store_true",
+        help="a 16-bit save after training, in 1 GB shards (notebook 06's save_16bit_in_shards):"
+             " the host RAM it holds counted where it is the peak",
+    )
+    parser.add_argument(
         "--ranks-per-host",
         type=positive_int,
         default=None,
@@ -379,7 +385,8 @@ def sizing_command(argv: list[str]) -> int:
         refuse(parser, "--ranks-per-host", args.ranks_per_host, why)
     sizes = (args.micro_batch, args.seq_len, args.grad_ckpt, args.world_size)
     print(sizing.size_table(info, machine, *sizes, ranks_per_host=args.ranks_per_host,
-                            frozen_embeddings=args.freeze_embeddings))
+                            frozen_embeddings=args.freeze_embeddings,
+                            save_in_shards=args.save_in_shards))
     print(sizing.verdict_line(machine))
     if args.compare:
         with quiet():

@@ -11,9 +11,10 @@ has one host-RAM model, not two.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
-from helpers import claims
+from helpers import claims, taught
 from helpers.show import GiB
 
 
@@ -46,6 +47,8 @@ def cpu_offload_max_params(ram_bytes: int, pin_memory: bool = False, on_gpu: boo
 
 #: Bytes per element of half-precision weights/activations, and the fp32 extras of mixed precision.
 HALF, FP32 = 2, 4
+#: The shard a 16-bit save holds in host RAM: notebook 06's save_16bit_in_shards, its default size.
+SAVE_SHARD_BYTES = inspect.signature(taught.save_16bit_in_shards).parameters["shard_bytes"].default
 #: Bytes per weight of a block's linear layer quantized by bitsandbytes to 4-bit NF4 with double
 #: quantization (QLoRA's base): half a byte, one 8-bit scale per 64 weights and one fp32 scale per
 #: 256 of those (Dettmers et al., 2023: 0.127 bits a weight).
@@ -606,6 +609,7 @@ def estimate(
     frozen_embeddings: bool = False,
     quantized: bool = False,
     adam_8bit: bool = False,
+    save_shard_bytes: int = 0,
 ) -> Estimate:
     """Predict the peak bytes a training step needs on the GPU, in host RAM and on NVMe.
 
@@ -629,7 +633,11 @@ def estimate(
     ``frozen_embeddings``: the input embedding (and a head tied to it) does not train: it leaves
     the trained count and the optimizer's sub-groups (:func:`without_embedding`).
     ``quantized`` (QLoRA's 4-bit base, loaded quantized straight onto the GPU: no fp32 model built
-    on the host) and ``adam_8bit`` (8-bit moments): :func:`model_states`.
+    on the host) and ``adam_8bit`` (8-bit moments): :func:`model_states`. ``save_shard_bytes``: a
+    16-bit save in shards of this size after training (notebook 06's ``save_16bit_in_shards``):
+    the host then holds what training keeps (not the step's temporaries) and the shard being
+    written, at most its size and one more tensor (the largest, in 16 bits); where that passes the
+    step, it is the host's peak (phase "16-bit save").
 
     The micro batch and the world size come from ``config`` where it has them in numbers (else 4
     and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
@@ -698,6 +706,11 @@ def estimate(
     if host_opt and (zero.get("offload_optimizer") or {}).get("pin_memory"):
         est.add("cpu", "pinned buffers", t * HOST_PINNED_BYTES / n)
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
+    if save_shard_bytes:
+        saving = {k: v for k, v in est.parts.get("cpu", {}).items() if k != "step temporaries"}
+        saving["16-bit save shard"] = int(save_shard_bytes + HALF * model.largest_param_numel)
+        if sum(saving.values()) > est.total("cpu"):
+            est.parts["cpu"], est.phase["cpu"] = saving, "16-bit save"
     if built_on_host:
         built = host_build_bytes(model)
         if sum(built.values()) > est.total("cpu"):

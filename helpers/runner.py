@@ -329,7 +329,7 @@ def save_and_reload(engine, probe, folder: str, precision: str, result: dict, en
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
     enter("16-bit save")
     start = time.perf_counter()
-    files = taught.save_16bit_in_shards(engine.module, folder)
+    files = taught.save_16bit_in_shards(engine, folder)
     engine.module.config.save_pretrained(folder)
     result["save_s"] = time.perf_counter() - start
     result["saved_bytes"] = sum((Path(folder) / f).stat().st_size for f in set(files))

@@ -241,6 +241,7 @@ def size(
     world_size: int = 1,
     ranks_per_host: int | None = None,
     frozen_embeddings: bool = False,
+    save_in_shards: bool = False,
 ) -> list[Sized]:
     """Every row of the stage and offload matrix for this model (built on the host, then
     partitioned), then ZeRO-3 + NVMe with the model built under ``deepspeed.zero.Init`` and
@@ -248,7 +249,9 @@ def size(
     (:data:`ZERO_INIT_NVME_OPTIMIZER`): config, estimate, verdicts. The GPU verdict is one rank's;
     host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`).
     ``frozen_embeddings``: every row with the input embedding (and a head tied to it) frozen, as
-    notebook 06 trains a 3B model within free Colab's RAM (:func:`memory.estimate`)."""
+    notebook 06 trains a 3B model within free Colab's RAM (:func:`memory.estimate`).
+    ``save_in_shards``: a 16-bit save after training, in notebook 06's shards
+    (:data:`memory.SAVE_SHARD_BYTES`), counted in host RAM where it is the peak."""
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
         (label, config.for_row(choice, info, environment, micro_batch, world_size), False)
@@ -271,6 +274,7 @@ def size(
             on_gpu=environment.has_gpu,
             zero_init=zero_init,
             frozen_embeddings=frozen_embeddings,
+            save_shard_bytes=memory.SAVE_SHARD_BYTES if save_in_shards else 0,
         )
         needs = {p: est.total(p) * (1 if p == "gpu" else ranks) for p in memory.PLACES}
         out.append(Sized(label, ds, est, memory.verdicts(needs, limits(environment)), needs))
@@ -286,14 +290,15 @@ def size_table(
     world_size: int = 1,
     ranks_per_host: int | None = None,
     frozen_embeddings: bool = False,
+    save_in_shards: bool = False,
 ) -> Table:
     """Predicted GPU / host / disk GiB per stage and offload, each place's verdict and when the GPU
     peaks: what ``python -m helpers sizing`` prints and notebook 03 shows. Host and NVMe figures
-    are one host's (all its ranks); ``frozen_embeddings`` as in :func:`size`."""
+    are one host's (all its ranks); ``frozen_embeddings`` and ``save_in_shards`` as in :func:`size`."""
     rows = []
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     for s in size(info, environment, micro_batch, seq_len, grad_ckpt, world_size, ranks,
-                  frozen_embeddings):
+                  frozen_embeddings, save_in_shards):
         word = {p: v.word for p, v in s.verdicts.items()}
         est = s.estimate
         rows.append(
@@ -320,7 +325,8 @@ def size_table(
     title = (
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters ({info.n_params:,}, as a model "
         f"card counts them){frozen} at {micro_batch} x {seq_len}"
-        f"{', checkpointing' if grad_ckpt else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
+        f"{', checkpointing' if grad_ckpt else ''}"
+        f"{', then a 16-bit save in shards' if save_in_shards else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
         f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
     return Table(

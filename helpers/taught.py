@@ -126,9 +126,10 @@ def freeze_input_embedding(model):
 
 
 # ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 20 -------------------------------------------
-def save_16bit_in_shards(model, folder, shard_bytes=1_000_000_000):
-    """``model``'s weights (and persistent buffers) as safetensors shards in ``folder``, with the
-    model.safetensors.index.json that from_pretrained reads; returns the shard files."""
+def save_16bit_in_shards(engine, folder, shard_bytes=1_000_000_000):
+    """The weights (and persistent buffers) of ``engine`` (a DeepSpeed engine, or a model) as
+    safetensors shards in ``folder``, with the model.safetensors.index.json that from_pretrained
+    reads; returns the shard files."""
     import json
     import os
 
@@ -136,6 +137,11 @@ def save_16bit_in_shards(model, folder, shard_bytes=1_000_000_000):
     import torch.distributed as dist
     from safetensors.torch import save_file
 
+    model = getattr(engine, "module", engine)
+    if hasattr(engine, "empty_partition_cache"):
+        # ZeRO-3 fetches the next weights ahead during a forward: after an evaluation some are
+        # still in flight, and gathering one fails ("Cannot partition a param in flight")
+        engine.empty_partition_cache()
     writes = not dist.is_initialized() or dist.get_rank() == 0
     os.makedirs(folder, exist_ok=True)
     weight_map, files, shard, names, size, total = {}, [], {}, [], 0, 0

@@ -76,3 +76,26 @@ def test_on_two_ranks_rank_0_writes_and_both_agree_on_the_shards(tmp_path):
     assert files[0] == files[1] and len(files[0]) > 2
     assert sorted(p.name for p in (tmp_path / "rank0").glob("model-*")) == files[0]
     assert not list((tmp_path / "rank1").iterdir())  # made, never written into
+
+
+def test_an_engine_settles_the_weights_it_fetched_ahead_before_the_first_gather(tmp_path, monkeypatch):
+    """Given a DeepSpeed engine, the save empties its partition cache before gathering anything:
+    on a GPU, ZeRO-3 fetches weights ahead during a forward, and after an evaluation a gather of
+    one still in flight failed ("Cannot partition a param in flight"). Its module is saved."""
+    import deepspeed
+
+    calls = []
+
+    class Engine:
+        module = _model()
+
+        def empty_partition_cache(self):
+            calls.append("settle")
+
+    real = deepspeed.zero.GatheredParameters
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters",
+                        lambda params: (calls.append("gather"), real(params))[1])
+    taught.save_16bit_in_shards(Engine(), tmp_path)
+    assert calls[0] == "settle" and calls.count("settle") == 1 and calls.count("gather") > 1
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(dict(Engine.module.named_parameters()))

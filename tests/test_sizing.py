@@ -152,6 +152,28 @@ def test_the_3b_llama_with_its_embedding_frozen_is_predicted_as_measured(t4, sub
     assert row.verdicts["cpu"].word == memory.NO_FIT  # the row itself: trained whole
 
 
+def test_the_3b_run_that_saved_is_predicted_with_its_save_as_the_host_peak(t4):
+    # docs/gpu_runs.md run 35: 06's lesson sub-groups (the largest trained tensor, 25.2M), 5 steps,
+    # then the 16-bit save in 1 GB shards: host 8.59 GiB at the save (7.79 in the optimizer step),
+    # GPU 9.39 GiB. Predicted with the save: within 15% on host RAM, the save its peak; without
+    # it the step's figure is below what the run reached.
+    info, _ = sizing.resolve("llama-3.2-3b-shaped")
+    row = {r.label: r for r in sizing.size(info, t4, 4, 512, grad_ckpt=True, frozen_embeddings=True)}[
+        sizing.ZERO_INIT_NVME_OPTIMIZER]
+    measured = {"gpu": 10_087_575_552, "cpu": 9_222_492_160, "step": 8_368_902_144}
+
+    def estimate(shard):
+        return memory.estimate(info, row.config, seq_len=512, grad_ckpt=True, zero_init=True,
+                               frozen_embeddings=True, save_shard_bytes=shard)
+
+    saving, training = estimate(memory.SAVE_SHARD_BYTES), estimate(0)
+    assert saving.phase["cpu"] == "16-bit save" and training.phase["cpu"] == "optimizer step"
+    assert abs(saving.total("cpu") / measured["cpu"] - 1) < 0.15
+    assert abs(training.total("cpu") / measured["step"] - 1) < 0.05 < 1 - training.total("cpu") / measured["cpu"]
+    assert abs(saving.total("gpu") / measured["gpu"] - 1) < 0.10
+    assert saving.total("cpu") < t4.ram_budget_bytes  # still fits free Colab's run, as measured
+
+
 def test_frozen_the_rows_size_sub_groups_to_the_largest_tensor_that_trains(t4):
     # as notebook 06's lesson does with FREEZE_EMBEDDING: the embedding (394M) is in no sub-group,
     # so they can be as small as an MLP matrix (3072 x 8192), and the 3B row then fits
@@ -513,3 +535,20 @@ def test_under_t4_emulation_nvme_verdicts_use_a_colab_disk_not_this_machines(mon
     machine = sizing.machine_for("t4")
     assert machine.disk_free_bytes == kit_env.EMULATIONS["t4"].disk_free_bytes
     assert "70 GB free for NVMe offload" in sizing.verdict_line(machine)
+
+
+def test_the_command_line_counts_the_save_in_shards_when_asked(capsys):
+    # notebook 06's 16-bit save after training: the 3B's host peak is the save's (a shard and its
+    # largest tensor over what training keeps), and the title says a save was counted
+    args = ["--model", "llama-3.2-3b-shaped", "--emulate", "t4", "--grad-ckpt", "--freeze-embeddings"]
+
+    def host(out):
+        line = next(x for x in out.splitlines() if x.startswith(sizing.ZERO_INIT_NVME_OPTIMIZER))
+        return float(re.split(r"\s{2,}", line)[2])
+
+    assert cli.sizing_command(args) == 0
+    trained = capsys.readouterr().out
+    assert cli.sizing_command(args + ["--save-in-shards"]) == 0
+    saved = capsys.readouterr().out
+    assert "then a 16-bit save in shards" in saved and "16-bit save" not in trained
+    assert host(saved) - host(trained) > memory.SAVE_SHARD_BYTES / 2**30

@@ -362,14 +362,15 @@ def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
 
 
 def rung_estimate(rung: Rung, environment: kit_env.Environment) -> memory.Estimate | None:
-    """The kit's estimate for what a rung ran (None for a rung not tried)."""
+    """The kit's estimate for what a rung ran, its 16-bit save included (None: not tried)."""
     spec = rung.spec
     if spec is None:
         return None
     return memory.estimate(memory.ModelInfo.for_shape(rung.shape), spec.ds_config,
                            seq_len=spec.seq_len, grad_ckpt=spec.grad_ckpt,
                            on_gpu=environment.has_gpu, zero_init=spec.zero_init,
-                           frozen_embeddings=spec.freeze_embeddings)
+                           frozen_embeddings=spec.freeze_embeddings,
+                           save_shard_bytes=memory.SAVE_SHARD_BYTES if spec.save_reload_dir else 0)
 
 
 def rung_verdict(rung: Rung, environment: kit_env.Environment) -> str | None:
