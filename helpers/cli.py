@@ -348,7 +348,7 @@ def sizing_command(argv: list[str]) -> int:
     parser.add_argument(
         "--save-in-shards",
         action="store_true",
-        help="a 16-bit save after training, in 1 GB shards (notebook 06's save_16bit_in_shards):"
+        help="the weights saved after training, in 1 GB shards (notebook 06's save_16bit_in_shards):"
              " the host RAM it holds counted where it is the peak",
     )
     parser.add_argument(

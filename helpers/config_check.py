@@ -1043,7 +1043,7 @@ def _stage(config: dict, parsed: dict, autos: list[str]) -> int | None:
     return int(zero.stage) if zero is not None else None
 
 
-def _precision(config: dict, autos: list[str]) -> str | None:
+def trained_precision(config: dict, autos: list[str]) -> str | None:
     """"fp16", "bf16" or "fp32" as DeepSpeed will train, or None while the Trainer decides ("auto")."""
     if "fp16.enabled" in autos or "bf16.enabled" in autos:
         return None
@@ -1059,7 +1059,7 @@ def _enabled(section) -> bool:
 def _combination_problems(config: dict, parsed: dict, autos: list[str]) -> list[Problem]:
     """Values each fine alone that DeepSpeed refuses together (at parse or at initialize), each cited."""
     out = []
-    stage, precision = _stage(config, parsed, autos), _precision(config, autos)
+    stage, precision = _stage(config, parsed, autos), trained_precision(config, autos)
     zero = parsed.get("zero_optimization")
     if _enabled(config.get("fp16")) and _enabled(config.get("bf16")):  # runtime/config.py _initialize_params
         out.append(Problem("error", "bf16.enabled", "fp16 and bf16 are both enabled.",

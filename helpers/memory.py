@@ -634,10 +634,10 @@ def estimate(
     the trained count and the optimizer's sub-groups (:func:`without_embedding`).
     ``quantized`` (QLoRA's 4-bit base, loaded quantized straight onto the GPU: no fp32 model built
     on the host) and ``adam_8bit`` (8-bit moments): :func:`model_states`. ``save_shard_bytes``: a
-    16-bit save in shards of this size after training (notebook 06's ``save_16bit_in_shards``):
-    the host then holds what training keeps (not the step's temporaries) and the shard being
-    written, at most its size and one more tensor (the largest, in 16 bits); where that passes the
-    step, it is the host's peak (phase "16-bit save").
+    save in shards of this size after training (notebook 06's ``save_16bit_in_shards``): the host
+    then holds what training keeps (not the step's temporaries) and the shard being written, at
+    most its size and one more tensor (the largest, in the weights' type), never more than the
+    whole model; where that passes the step, it is the host's peak (phase "save in shards").
 
     The micro batch and the world size come from ``config`` where it has them in numbers (else 4
     and 1); ``micro_batch`` or ``world_size`` given otherwise is refused (ValueError).
@@ -708,9 +708,10 @@ def estimate(
     est.phase.setdefault("cpu", "optimizer step" if host_opt else "start of training")
     if save_shard_bytes:
         saving = {k: v for k, v in est.parts.get("cpu", {}).items() if k != "step temporaries"}
-        saving["16-bit save shard"] = int(save_shard_bytes + HALF * model.largest_param_numel)
+        shard = min(save_shard_bytes + w * model.largest_param_numel, w * p)  # no more than the model
+        saving["save shard"] = int(shard)
         if sum(saving.values()) > est.total("cpu"):
-            est.parts["cpu"], est.phase["cpu"] = saving, "16-bit save"
+            est.parts["cpu"], est.phase["cpu"] = saving, "save in shards"
     if built_on_host:
         built = host_build_bytes(model)
         if sum(built.values()) > est.total("cpu"):

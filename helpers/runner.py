@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from helpers import config as kit_config
-from helpers import memory, show, taught
+from helpers import config_check, memory, show, taught
 from helpers import env as kit_env
 from helpers.show import Table
 
@@ -147,6 +147,7 @@ class RunResult:
     reload_logit_diff: float | None = None
     saved_bytes: int = 0
     save_s: float | None = None
+    save_error: str = ""  # the save or reload failed (the training's status stands): why
 
 
 # ---- the worker (inside the subprocess) ------------------------------------------------------------------
@@ -306,53 +307,60 @@ def train_steps(spec: RunSpec, result: dict, trace: PhaseTrace | None = None) ->
                                                 trace.gpu_reserved_high if trace else 0)
     if spec.save_reload_dir:
         keep_alive = None  # dropped: from_pretrained would partition the reload under ZeRO-3
-        save_and_reload(engine, (held or steps)[0][:1, :32], spec.save_reload_dir,
-                        precision_of(config), result, enter)
+        try:  # the training above stands whatever the save does: its failure is its own record
+            save_and_reload(engine, (held or steps)[0][:1, :32], spec.save_reload_dir,
+                            precision_of(config), result, enter)
+        except Exception as err:  # noqa: BLE001 - any failure of the save or reload, reported
+            result["save_error"] = f"{type(err).__name__}: {err}"[:500]
     del keep_alive
 
 
 def save_and_reload(engine, probe, folder: str, precision: str, result: dict, enter) -> None:
-    """Notebook 06's save and reload, measured: ``engine``'s logits on ``probe``, the 16-bit save
-    (:func:`helpers.taught.save_16bit_in_shards`, with the model's config) into ``folder``, the
-    engine destroyed (its buffers freed: helpers.deepspeed_fixes), ``from_pretrained`` with
-    ``device_map`` in ``precision`` (the config's), the largest logit difference, the bytes
-    written and the save's seconds in ``result``; ``folder`` is removed."""
+    """Notebook 06's save and reload, in its order and measured: the save in shards
+    (:func:`helpers.taught.save_16bit_in_shards`, with the model's config) into ``folder``,
+    ``engine``'s logits on ``probe``, the engine destroyed (its buffers freed:
+    helpers.deepspeed_fixes), ``from_pretrained`` with ``device_map`` in ``precision`` (the
+    config's), the largest logit difference, the bytes written and the save's seconds in
+    ``result``. ``folder`` is removed afterwards, whatever happened."""
     import gc
 
     import torch
     from transformers import AutoModelForCausalLM
 
     device = engine.device
-    engine.eval()
-    with torch.no_grad():
-        trained = engine(input_ids=probe.to(device)).logits.float().cpu()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
-    enter("16-bit save")
-    start = time.perf_counter()
-    files = taught.save_16bit_in_shards(engine, folder)
-    engine.module.config.save_pretrained(folder)
-    result["save_s"] = time.perf_counter() - start
-    result["saved_bytes"] = sum((Path(folder) / f).stat().st_size for f in set(files))
-    engine.destroy()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    enter("reload")
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device),
-                                                    use_kernels=False).eval()
-    with torch.no_grad():
-        logits = reloaded(input_ids=probe.to(device)).logits.float().cpu()
-    result["reload_logit_diff"] = (logits - trained).abs().max().item()
-    del reloaded
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        enter(SAVE_PHASE)
+        start = time.perf_counter()
+        files = taught.save_16bit_in_shards(engine, folder)
+        engine.module.config.save_pretrained(folder)
+        result["save_s"] = time.perf_counter() - start
+        result["saved_bytes"] = sum((Path(folder) / f).stat().st_size for f in set(files))
+        engine.eval()
+        with torch.no_grad():
+            trained = engine(input_ids=probe.to(device)).logits.float().cpu()
+        engine.destroy()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        enter(RELOAD_PHASE)
+        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device),
+                                                        use_kernels=False).eval()
+        with torch.no_grad():
+            logits = reloaded(input_ids=probe.to(device)).logits.float().cpu()
+        result["reload_logit_diff"] = (logits - trained).abs().max().item()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+#: The host RSS phases of a run's save and reload (:func:`save_and_reload`).
+SAVE_PHASE, RELOAD_PHASE = "save in shards", "reload"
 
 
 def precision_of(config: dict) -> str:
-    """The 16-bit type a DeepSpeed config trains in: "fp16", "bf16" or "fp32"."""
-    for name in ("fp16", "bf16"):
-        if (config.get(name) or {}).get("enabled") is True:
-            return name
-    return "fp32"
+    """What a DeepSpeed config with its precision settled trains in: "fp16", "bf16" or "fp32"
+    (the config checker's reading, "bfloat16" sections included)."""
+    return config_check.trained_precision(config, []) or "fp32"
 
 
 def bytes_per_param(config: dict) -> int:
@@ -681,6 +689,8 @@ def _run_once(payload: dict, entry: str, world_size: int, label: str, timeout_s:
         result.ranks = ranks
     if nvme:
         _remove_swap_files(nvme, os.path.dirname(nvme), created=not nvme_existed)
+    if payload.get("save_reload_dir"):  # a run killed mid-save leaves its shards: gone too
+        shutil.rmtree(payload["save_reload_dir"], ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     if world_size > 1:  # DeepSpeed leaves its CPU ranks' all-reduce buffers in RAM
         kit_env.remove_ended_shm_buffers()
@@ -742,6 +752,7 @@ def _merge(result: RunResult, ranks: list[dict]) -> None:
     result.reload_logit_diff = first.get("reload_logit_diff")
     result.saved_bytes = first.get("saved_bytes", 0)
     result.save_s = first.get("save_s")
+    result.save_error = first.get("save_error", "")
     result.median_step_s = median_step_s(result.step_times_s)
     peaks = [r.get("peak_gpu_allocated_bytes") for r in ranks if r.get("peak_gpu_allocated_bytes") is not None]
     result.peak_gpu_allocated_bytes = max(peaks) if peaks else None

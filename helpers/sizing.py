@@ -250,7 +250,7 @@ def size(
     host RAM and NVMe add up the ranks on one host (:func:`ranks_on_host`).
     ``frozen_embeddings``: every row with the input embedding (and a head tied to it) frozen, as
     notebook 06 trains a 3B model within free Colab's RAM (:func:`memory.estimate`).
-    ``save_in_shards``: a 16-bit save after training, in notebook 06's shards
+    ``save_in_shards``: a save after training, in notebook 06's shards
     (:data:`memory.SAVE_SHARD_BYTES`), counted in host RAM where it is the peak."""
     ranks = ranks_on_host(environment, world_size, ranks_per_host)
     rows = [
@@ -326,7 +326,7 @@ def size_table(
         f"{info.name}: {info.n_params / 1e6:,.0f}M parameters ({info.n_params:,}, as a model "
         f"card counts them){frozen} at {micro_batch} x {seq_len}"
         f"{', checkpointing' if grad_ckpt else ''}"
-        f"{', then a 16-bit save in shards' if save_in_shards else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
+        f"{', then a save in shards' if save_in_shards else ''}, {world_size} rank(s){hosts}; {gpu}RAM budget "
         f"{lim['cpu'] / 1e9:.1f} GB; 'tight' = within {memory.VERDICT_MARGIN:.0%} of the limit"
     )
     return Table(

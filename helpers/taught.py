@@ -127,9 +127,9 @@ def freeze_input_embedding(model):
 
 # ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 20 -------------------------------------------
 def save_16bit_in_shards(engine, folder, shard_bytes=1_000_000_000):
-    """The weights (and persistent buffers) of ``engine`` (a DeepSpeed engine, or a model) as
-    safetensors shards in ``folder``, with the model.safetensors.index.json that from_pretrained
-    reads; returns the shard files."""
+    """The weights (and persistent buffers) of ``engine`` as safetensors shards in ``folder``,
+    with the model.safetensors.index.json that from_pretrained reads; returns the shard files.
+    Under ZeRO-3 pass the DeepSpeed engine (not engine.module): it settles its weights first."""
     import json
     import os
 

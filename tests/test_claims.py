@@ -228,7 +228,7 @@ def _headline_nvme(rungs):
     return [r for r in rungs if r.shape == "gpt2-1.5b" and biggest_model.is_nvme(r.method)]
 
 
-RELOAD_CLAIM = ("the NVMe runs from gpt2-1.5b up save their 16-bit weights in shards that "
+RELOAD_CLAIM = ("the NVMe runs from gpt2-1.5b up save their weights in shards that "
                 "from_pretrained reloads to the trained logits")
 
 
@@ -242,6 +242,16 @@ def test_a_headline_whose_save_reloads_other_logits_or_did_not_save_fails(cpu):
     for r in top:
         r.spec.save_reload_dir = None  # no rung saved at all: nothing shows the save works
     assert failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True)) == [RELOAD_CLAIM]
+
+
+def test_a_headline_killed_while_saving_fails_the_reload_claim(cpu):
+    rungs = _ladder()
+    top = _headline_nvme(rungs)[0]
+    top.result.status, top.result.message = runner.KILLED_RAM, "killed (test)"
+    top.result.last_phase, top.result.reload_logit_diff = runner.SAVE_PHASE, None
+    assert RELOAD_CLAIM in failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
+    top.result.last_phase = "forward and backward"  # killed in training: not a save's failure
+    assert RELOAD_CLAIM not in failed(biggest_model.checks(rungs, cpu, "gpt2-1.5b", nvme_ready=True))
 
 
 def test_a_headline_that_finished_over_the_ram_budget_fails(cpu):

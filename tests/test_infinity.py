@@ -139,7 +139,7 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     phases = [{"name": n, "start_bytes": 2**30, "peak_bytes": (i + 1) * 2**30, "entries": 1}
               for i, (n, _) in enumerate(biggest_model.RSS_PHASES)]
     ran = runner.RunResult("x", runner.OK, median_step_s=10.0, peak_host_rss_bytes=5 * 2**30, rss_phases=phases)
-    spec = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 4,
+    spec = runner.RunSpec(ds_config={"train_micro_batch_size_per_gpu": 4, "fp16": {"enabled": True},
                                      "zero_optimization": {"stage": 3, "sub_group_size": 10**6,
                                                            "offload_param": {"device": "nvme"}}},
                           shape="gpt2-124m")
@@ -152,7 +152,7 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     row = dict(zip(table.header, table.rows[0]))
     assert row["vs bound"] == f"{10.0 / bound:.1f}x"
     assert ([row[f"RSS {label}"] for _, label in biggest_model.RSS_PHASES]
-            == ["1.00", "2.00", "3.00", "4.00", "5.00"])
+            == ["1.00", "2.00", "3.00", "4.00", "5.00", "6.00"])
     assert row["reload logit diff"] == "-"  # this rung did not save
     lines = biggest_model.takeaways(rungs, env.describe())
     assert not any(line.startswith("Saved at") for line in lines)
@@ -160,7 +160,7 @@ def test_the_nvme_table_puts_each_step_against_the_disk_and_host_ram_by_phase():
     row = dict(zip(table.header, biggest_model.nvme_table(rungs, 1000.0, 2000.0).rows[0]))
     assert row["reload logit diff"] == "1.2e-02"
     lines = biggest_model.takeaways(rungs, env.describe())
-    assert ("Saved at gpt2-124m: 0.25 GB of 16-bit shards in 3 s, host RAM 5.0 GiB while saving; "
+    assert ("Saved at gpt2-124m: 0.25 GB of fp16 shards in 3 s, host RAM 5.0 GiB while saving; "
             "from_pretrained's reload gives its logits within 1.2e-02.") in lines
     # GPT-2's embedding (50257 x 768) is its largest sub-group: DeepSpeed never splits a parameter
     assert any("optimizer step +1.00 GiB over forward and backward (27.8 bytes per element of its "
@@ -410,10 +410,52 @@ def test_the_ladder_saves_and_reloads_its_nvme_runs_from_the_headline_up(monkeyp
     assert saved == {(shape, m) for shape in ("mini", "gpt2-124m") for m in nvme}
     assert all(str(tmp_path) in r.spec.save_reload_dir for r in rungs if (r.shape, r.method) in saved)
     assert sorted(set(checked)) == [("gpt2-124m", 4), ("mini", 4), ("tiny", 0)]  # fp32 on the CPU
-    info = memory.ModelInfo.for_shape("gpt2-124m")
-    assert (biggest_model.nvme_bytes_needed(info, saved_bytes_per_param=2)
-            == biggest_model.nvme_bytes_needed(info) + 2 * info.n_params)
     assert not biggest_model.saves(["tiny", "mini"], "tiny", None)  # no headline: no save
+
+
+def test_the_disk_check_adds_the_save_exactly_to_the_files_and_their_margin(monkeypatch, tmp_path):
+    info = memory.ModelInfo.for_shape("gpt2-124m")
+    need = int(biggest_model.nvme_bytes_needed(info) * 1.25) + 2 * info.n_params
+    monkeypatch.setattr(env, "disk_free_bytes", lambda path: need)
+    biggest_model.check_disk(info, tmp_path, saved_bytes_per_param=2)  # exactly enough
+    monkeypatch.setattr(env, "disk_free_bytes", lambda path: need - 1)
+    with pytest.raises(env.KitSetupError, match="GB for the saved weights"):
+        biggest_model.check_disk(info, tmp_path, saved_bytes_per_param=2)
+    biggest_model.check_disk(info, tmp_path)  # without the save it fits
+
+
+def test_a_failed_reload_leaves_no_saved_folder_and_says_why(monkeypatch, tmp_path):
+    """The runner's save and reload on a plain model standing in for an engine: the reload raises,
+    the folder the save wrote is gone all the same, and the error reaches the caller (which
+    records it as the run's save_error, the training's status standing)."""
+    import torch
+    import transformers
+
+    from helpers import models
+
+    class Engine:  # what save_and_reload uses of a DeepSpeed engine
+        module = models.build_model(models.model_config("llama-tiny"))
+        device = torch.device("cpu")
+
+        def eval(self):
+            self.module.eval()
+
+        def __call__(self, **kw):
+            return self.module(**kw)
+
+        def destroy(self):
+            pass
+
+    def refuse(*a, **k):
+        raise OSError("disk full while reading")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    folder, result, phases = tmp_path / "saved", {}, []
+    with pytest.raises(OSError, match="disk full"):
+        runner.save_and_reload(Engine(), torch.tensor([[1, 2, 3]]), str(folder), "fp32", result,
+                               phases.append)
+    assert not folder.exists() and result["saved_bytes"] > 0
+    assert phases == [runner.SAVE_PHASE, runner.RELOAD_PHASE] and "reload_logit_diff" not in result
 
 
 def test_a_run_saves_reloads_and_compares_logits_under_zero3_nvme(tmp_path):
@@ -428,7 +470,7 @@ def test_a_run_saves_reloads_and_compares_logits_under_zero3_nvme(tmp_path):
     assert r.status == runner.OK, r.message
     assert r.reload_logit_diff is not None and r.reload_logit_diff <= biggest_model.RELOAD_TOL["fp32"]
     assert r.saved_bytes >= 4 * info.n_params * 0.99 and r.save_s > 0
-    assert [p["name"] for p in r.rss_phases][-2:] == ["16-bit save", "reload"]
+    assert [p["name"] for p in r.rss_phases][-2:] == [runner.SAVE_PHASE, runner.RELOAD_PHASE]
     assert not (tmp_path / "saved").exists()
 
 

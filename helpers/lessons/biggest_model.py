@@ -54,29 +54,31 @@ def weights_on_nvme(rung: "Rung") -> bool:
 
 
 def nvme_bytes_needed(model: memory.ModelInfo, weights_on_nvme: bool = True,
-                      frozen_embeddings: bool = False, saved_bytes_per_param: int = 0) -> int:
+                      frozen_embeddings: bool = False) -> int:
     """Disk the NVMe files will take (measured bytes per parameter), before the safety margin.
     With the embedding frozen its optimizer states and gradients take none (its fp16 weights, on
-    NVMe, 2 bytes a parameter, still do). A run that saves its weights beside them adds
-    ``saved_bytes_per_param`` for every parameter (2 for a 16-bit save)."""
+    NVMe, 2 bytes a parameter, still do)."""
     per_param = NVME_BYTES_PER_PARAM if weights_on_nvme else NVME_OPTIMIZER_BYTES_PER_PARAM
     frozen = memory.embedding_numel(model) if frozen_embeddings else 0
     kept = 2 * frozen if weights_on_nvme else 0
-    return int(per_param * (model.n_params - frozen) + kept + saved_bytes_per_param * model.n_params)
+    return int(per_param * (model.n_params - frozen) + kept)
 
 
 def check_disk(model: memory.ModelInfo, path: str | os.PathLike, margin: float = DISK_MARGIN,
                weights_on_nvme: bool = True, frozen_embeddings: bool = False,
                saved_bytes_per_param: int = 0) -> int:
-    """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files (and a
-    save's, :func:`nvme_bytes_needed`); returns the bytes free."""
-    files = nvme_bytes_needed(model, weights_on_nvme, frozen_embeddings, saved_bytes_per_param)
-    need = int(files * margin)
+    """Refuse, before any training, when the disk at ``path`` cannot hold the NVMe files
+    (:func:`nvme_bytes_needed`, with ``margin``) and a save's ``saved_bytes_per_param`` for every
+    parameter (its exact size: no margin); returns the bytes free."""
+    files = nvme_bytes_needed(model, weights_on_nvme, frozen_embeddings)
+    saved = saved_bytes_per_param * model.n_params
+    need = int(files * margin + saved)
     free = kit_env.disk_free_bytes(Path(path))
     if free < need:
+        also = f" and {saved / 1e9:.1f} GB for the saved weights" if saved else ""
         raise kit_env.KitSetupError(
             f"NVMe offload of {model.name or 'this model'} ({model.n_params / 1e9:.2f}B parameters) needs about "
-            f"{need / 1e9:.1f} GB at {path} ({files / 1e9:.1f} GB of files + {margin - 1:.0%} margin), "
+            f"{need / 1e9:.1f} GB at {path} ({files / 1e9:.1f} GB of files + {margin - 1:.0%} margin{also}), "
             f"but only {free / 1e9:.1f} GB are free there: free some space or point nvme_path at a bigger local disk.")
     return free
 
@@ -292,7 +294,7 @@ def plot_largest(rungs: list[Rung], environment: kit_env.Environment):
 #: The phases of a run's host RSS (helpers.runner.PhaseTrace, recorded by every run), as the table names them.
 RSS_PHASES = [("model built", "model built"), ("deepspeed.initialize", "after initialize"),
               ("forward and backward", "forward+backward"), ("optimizer step", "optimizer step"),
-              ("16-bit save", "16-bit save")]
+              (runner.SAVE_PHASE, "save"), (runner.RELOAD_PHASE, "reload")]
 #: What the optimizer step may add to host RSS over forward and backward, at most: the estimator's
 #: step temporaries with the optimizer on NVMe (memory.STEP_SUB_GROUP_BYTES per element of the
 #: largest optimizer sub-group) with this margin. DeepSpeed's own overflow check would add 3 bytes
@@ -338,7 +340,7 @@ def step_rise_ok(rung: Rung) -> bool:
 
 def nvme_table(rungs: list[Rung], write_mb_s: float, read_mb_s: float) -> Table:
     """Every ZeRO-3 + NVMe rung that ran: its step time against the disk's lower bound, where host
-    RAM went (peak RSS per phase of the run, GiB; the 16-bit save at the ladder's top), and how far
+    RAM went (peak RSS per phase of the run, GiB; the save and reload at the ladder's top), and how far
     the reloaded save's logits are from the trained model's ("-": no save)."""
     rows = []
     for r in rungs:
@@ -559,9 +561,8 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
                 (f"{headline}: peak host RSS within the run's {budget / 1e9:.1f} GB RAM budget"
                  " (sampled, and the process's own high-water mark)",
                  bool(res) and 0 < peak_rss_seen(res) <= budget)]
-        saved = [r for r in nvme_ok if r.spec and r.spec.save_reload_dir]
-        out.append((f"the NVMe runs from {headline} up save their 16-bit weights in shards that "
-                    "from_pretrained reloads to the trained logits", reloads_ok(saved)))
+        out.append((f"the NVMe runs from {headline} up save their weights in shards that "
+                    "from_pretrained reloads to the trained logits", reloads_ok(saving(rungs))))
     if headline and environment.has_gpu:
         plain = next((r for r in rungs if r.shape == headline and r.method.startswith("stage 0")), None)
         out.append((f"{headline} under stage 0 runs out of GPU memory",
@@ -570,6 +571,14 @@ def checks(rungs: list[Rung], environment: kit_env.Environment, headline: str | 
             out.append(t4_gpu_claim(f"{headline}: peak GPU memory",
                                     res.peak_gpu_allocated_bytes if res else None, environment))
     return out
+
+
+def saving(rungs: list[Rung]) -> list[Rung]:
+    """The rungs that were to save and reload and got that far: trained (whatever their save did),
+    or stopped while saving or reloading (killed for RAM there)."""
+    return [r for r in rungs if r.spec and r.spec.save_reload_dir
+            and (r.result.status == runner.OK
+                 or r.result.last_phase in (runner.SAVE_PHASE, runner.RELOAD_PHASE))]
 
 
 def reloads_ok(rungs: list[Rung]) -> bool:
@@ -623,10 +632,13 @@ def takeaways(rungs: list[Rung], environment: kit_env.Environment) -> list[str]:
     saved = [r for r in nvme if r.result.reload_logit_diff is not None]
     if saved:
         top = saved[-1]
-        lines.append(f"Saved at {top.shape}: {top.result.saved_bytes / 1e9:.2f} GB of 16-bit shards in "
-                     f"{top.result.save_s:.0f} s, host RAM {phase_peaks(top.result).get('16-bit save', 0) / GiB:.1f}"
-                     f" GiB while saving; from_pretrained's reload gives its logits within "
-                     f"{top.result.reload_logit_diff:.1e}.")
+        kind = runner.precision_of(top.spec.ds_config) if top.spec else "16-bit"
+        lines.append(f"Saved at {top.shape}: {top.result.saved_bytes / 1e9:.2f} GB of {kind} shards in "
+                     f"{top.result.save_s:.0f} s, host RAM "
+                     f"{phase_peaks(top.result).get(runner.SAVE_PHASE, 0) / GiB:.1f} GiB while saving; "
+                     f"from_pretrained's reload gives its logits within {top.result.reload_logit_diff:.1e}.")
+    lines += [f"The save at {r.shape} under {r.method} failed: {r.result.save_error}"
+              for r in rungs if r.result.save_error]
     stopped = [r for r in rungs if r.result.status not in (runner.OK, runner.NOT_TRIED)]
     if stopped:
         first = stopped[0]
