@@ -319,13 +319,12 @@ def save_and_reload(engine, probe, folder: str, precision: str, result: dict, en
     """Notebook 06's save and reload, in its order and measured: the save in shards
     (:func:`helpers.taught.save_16bit_in_shards`, with the model's config) into ``folder``,
     ``engine``'s logits on ``probe``, the engine destroyed (its buffers freed:
-    helpers.deepspeed_fixes), ``from_pretrained`` with ``device_map`` in ``precision`` (the
-    config's), the largest logit difference, the bytes written and the save's seconds in
+    helpers.deepspeed_fixes), the folder reloaded (:func:`helpers.taught.reload_saved`) in
+    ``precision`` (the config's), the largest logit difference, the bytes written and the save's seconds in
     ``result``. ``folder`` is removed afterwards, whatever happened."""
     import gc
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     device = engine.device
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
@@ -344,8 +343,7 @@ def save_and_reload(engine, probe, folder: str, precision: str, result: dict, en
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         enter(RELOAD_PHASE)
-        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device),
-                                                        use_kernels=False).eval()
+        reloaded = taught.reload_saved(folder, dtype, str(device))
         with torch.no_grad():
             logits = reloaded(input_ids=probe.to(device)).logits.float().cpu()
         result["reload_logit_diff"] = (logits - trained).abs().max().item()

@@ -178,6 +178,16 @@ def save_16bit_in_shards(engine, folder, shard_bytes=1_000_000_000):
     return files
 
 
+# ---- notebooks/06_biggest_model_on_a_t4.ipynb, cell 27 -------------------------------------------
+def reload_saved(folder, dtype, device):
+    """The saved ``folder`` as a Hugging Face model on ``device``, in evaluation mode. device_map
+    sends each shard straight to its device (no whole copy of the model in host RAM first)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=device,
+                                                use_kernels=False).eval()
+
+
 # ---- notebooks/07_engine_and_accelerate.ipynb, cell 16 -------------------------------------------
 def train_step(engine, batch):
     """One optimizer step through DeepSpeed's engine; returns the batch's loss. The kit's own

@@ -449,7 +449,7 @@ def test_a_failed_reload_leaves_no_saved_folder_and_says_why(monkeypatch, tmp_pa
     def refuse(*a, **k):
         raise OSError("disk full while reading")
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)  # reload_saved's
     folder, result, phases = tmp_path / "saved", {}, []
     with pytest.raises(OSError, match="disk full"):
         runner.save_and_reload(Engine(), torch.tensor([[1, 2, 3]]), str(folder), "fp32", result,
