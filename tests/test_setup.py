@@ -14,12 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "system_packages.sh"
 
 
-def _fake_bin(tmp_path: Path, uid: int) -> Path:
-    """A PATH with only id (printing uid), dpkg (nothing installed) and an apt-get that logs."""
+def _fake_bin(tmp_path: Path, uid: int, libraries: str = "") -> Path:
+    """A PATH with only id (printing uid), dpkg (nothing installed), ldconfig (listing
+    ``libraries``) and an apt-get that logs."""
     fake = tmp_path / "bin"
     fake.mkdir()
     log = tmp_path / "apt.log"
-    scripts = {"id": f"echo {uid}", "dpkg": "exit 1",
+    scripts = {"id": f"echo {uid}", "dpkg": "exit 1", "ldconfig": f"echo '{libraries}'",
                "apt-get": f'echo "$@" >> {log}'}
     for name, body in scripts.items():
         path = fake / name
@@ -38,10 +39,11 @@ def test_without_root_setup_prints_the_one_command_and_goes_on(tmp_path):
     fake = _fake_bin(tmp_path, uid=1000)
     done = _run(fake)
     assert done.returncode == 0, done.stderr
-    assert "sudo apt-get install -y libaio-dev chromium" in done.stdout
+    assert "sudo apt-get install -y libaio-dev chromium libtcmalloc-minimal4" in done.stdout
     assert not (tmp_path / "apt.log").exists()  # nothing was tried without root
     strict = _run(fake, "--strict")
-    assert strict.returncode == 1 and "still missing: libaio-dev chromium" in strict.stderr
+    assert strict.returncode == 1
+    assert "still missing: libaio-dev chromium libtcmalloc-minimal4" in strict.stderr
 
 
 def test_as_root_setup_installs_the_missing_packages_with_apt(tmp_path):
@@ -49,9 +51,16 @@ def test_as_root_setup_installs_the_missing_packages_with_apt(tmp_path):
     done = _run(fake)
     assert done.returncode == 0
     calls = (tmp_path / "apt.log").read_text().splitlines()
-    assert calls == ["update -qq", "install -y -qq libaio-dev", "install -y -qq chromium"]
+    assert calls == ["update -qq", "install -y -qq libaio-dev", "install -y -qq chromium",
+                     "install -y -qq libtcmalloc-minimal4"]
     # the fake apt-get installed nothing: under --strict (CI) that fails the run
     assert _run(fake, "--strict").returncode == 1
+
+
+def test_tcmalloc_listed_by_ldconfig_is_not_installed_again(tmp_path):
+    listed = "\tlibtcmalloc_minimal.so.4 (libc6,x86-64) => /usr/lib/libtcmalloc_minimal.so.4"
+    done = _run(_fake_bin(tmp_path, uid=1000, libraries=listed))
+    assert "sudo apt-get install -y libaio-dev chromium\n" in done.stdout
 
 
 def test_a_compile_is_recorded_beside_the_cache_and_shown_with_the_cached_op(tmp_path, monkeypatch):

@@ -311,3 +311,24 @@ def test_a_pretrained_trainer_launch_needs_finite_losses_not_a_trend():
     assert claims.failed(zero2_training.launch_claims(nan, FIRST, "fp32", 2, pretrained=True))
     other_start = [_trainer_run("deepspeed", losses=(6.1, 5.5, 5.0, 4.6))] * 2
     assert claims.failed(zero2_training.launch_claims(other_start, FIRST, "fp16", 1, pretrained=True))
+
+
+def test_cpu_ranks_allocate_with_tcmalloc_where_the_system_has_it():
+    """A rank started with the notebook's prefix runs on tcmalloc (a quarter faster on a CPU)
+    where ldconfig lists it (make setup installs it as root; CI's set-up requires it); nowhere
+    else is it preloaded: not with a GPU, not where the library is missing."""
+    import subprocess
+    import sys
+    from ctypes.util import find_library
+
+    assert launch.cpu_rank_preload("no_such_library_zero_kit", cuda=False) == ""
+    assert launch.cpu_rank_preload(cuda=True) == ""
+    maps = "print('tcmalloc' in open('/proc/self/maps').read())"
+    line = f"{launch.NOTEBOOK_LAUNCH_ENV} {sys.executable} -c \"{maps}\""
+    mapped = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
+    assert mapped.returncode == 0, mapped.stderr
+    import torch
+
+    expected = find_library(launch.TCMALLOC) is not None and not torch.cuda.is_available()
+    assert mapped.stdout.strip() == str(expected)
+    assert ("LD_PRELOAD=" in launch.NOTEBOOK_LAUNCH_ENV) == expected

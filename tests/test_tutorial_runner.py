@@ -127,3 +127,28 @@ def test_this_pytest_process_has_an_nvme_folder_of_its_own():
 
     assert os.environ["KIT_OFFLOAD_DIR"] == conftest._OFFLOAD_DIR == os.path.join(
         os.environ["ZERO_KIT_OFFLOAD_BASE"], f"zero_kit_offload_{os.getpid()}")
+
+
+def test_the_real_model_chain_gets_every_core_and_the_other_notebooks_their_share(
+        tmp_path, monkeypatch):
+    """Side by side, the real-model notebooks (one after another, the long chain) get every core
+    as OpenMP threads, the others their share; what the user set stays for both."""
+    import os
+
+    code = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
+    paths = [_notebook(tmp_path / f"{name}.ipynb", [code])
+             for name in ("04_zero2_training", "a_other")]
+    cores = os.cpu_count() or 1
+
+    def seen(jobs: int) -> dict[str, str]:
+        out = tmp_path / f"build{jobs}"
+        assert run_tutorial.main([*map(str, paths), "--out", str(out), "--jobs", str(jobs)]) == 0
+        return {p.stem: nbformat.read(out / p.name, as_version=4).cells[0].outputs[0]["text"]
+                .strip() for p in paths}
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert seen(2) == {"04_zero2_training": str(cores), "a_other": str(max(1, cores // 2))}
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert seen(1) == {"04_zero2_training": "None", "a_other": "None"}  # OpenMP's own default
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert seen(2) == {"04_zero2_training": "3", "a_other": "3"}

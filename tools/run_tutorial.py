@@ -44,16 +44,22 @@ def compare_checked(original, executed) -> str:
     return ""
 
 
-def kernel_environment(path: Path) -> dict[str, str]:
+def kernel_environment(path: Path, real_model_threads: int | None = None) -> dict[str, str]:
     """This process's environment for ``path``'s kernel, with an NVMe offload folder of its own:
     DeepSpeed names its swap files by rank and tensor, not by run, so two notebooks side by side
-    in one folder would read or delete each other's (notebook 06 clears its folder when done)."""
+    in one folder would read or delete each other's (notebook 06 clears its folder when done).
+    A real-model notebook's kernel (and the runs it starts, but not its launched ranks: one thread
+    each) gets ``real_model_threads`` OpenMP threads, where given."""
     from helpers import env
 
-    return {**os.environ, "KIT_OFFLOAD_DIR": str(env.default_offload_dir() / path.stem)}
+    out = {**os.environ, "KIT_OFFLOAD_DIR": str(env.default_offload_dir() / path.stem)}
+    if real_model_threads and path.stem in REAL_MODEL_NOTEBOOKS:
+        out["OMP_NUM_THREADS"] = str(real_model_threads)
+    return out
 
 
-def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tuple[bool, float, str]:
+def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False,
+            real_model_threads: int | None = None) -> tuple[bool, float, str]:
     """Execute one notebook; write its executed copy (and HTML) to out_dir. Returns (ok, seconds, error)."""
     import nbformat
     from nbclient import NotebookClient
@@ -65,7 +71,7 @@ def run_one(path: Path, out_dir: Path, timeout: int, check: bool = False) -> tup
                             resources={"metadata": {"path": str(path.parent)}})
     start, error = time.perf_counter(), ""
     try:
-        client.execute(env=kernel_environment(path))
+        client.execute(env=kernel_environment(path, real_model_threads))
     except CellExecutionError as err:
         error = f"{err.ename}: {err.evalue}" if getattr(err, "ename", None) else "a cell failed"
     except Exception as err:  # a dead kernel, a timeout: still keep what ran
@@ -122,6 +128,17 @@ def default_jobs() -> int:
     return 1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1))
 
 
+def real_model_threads(jobs: int) -> int | None:
+    """OpenMP threads for a real-model notebook's kernel when ``jobs`` notebooks run side by side:
+    every core. They run one after another (:data:`REAL_MODEL_NOTEBOOKS`) and are the long chain:
+    the other notebooks, at their share, are done long before it (on 2 cores, notebook 09 ran
+    last and alone at one thread, the other core idle). None when the user set OMP_NUM_THREADS
+    or one notebook runs at a time (each kernel has OpenMP's default: every core)."""
+    if jobs < 2 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return os.cpu_count() or 1
+
+
 def slowest_first(paths: list[Path], timings: dict[str, float]) -> list[Path]:
     """The notebooks ordered by their last run's time, longest first (unknown ones first, in
     order): two workers then finish close together."""
@@ -145,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     paths = notebook_paths(args.notebooks)
     jobs = args.jobs or default_jobs()
+    chain_threads = real_model_threads(jobs)
     helpers.share_threads(jobs)  # the notebooks share the cores
     started = time.perf_counter()
 
     def run(path: Path) -> tuple[Path, bool, float, str]:
         with real_model_turn(path.stem):
-            return (path, *run_one(path, out, args.timeout, args.check))
+            return (path, *run_one(path, out, args.timeout, args.check, chain_threads))
 
     failed = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
