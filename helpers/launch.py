@@ -12,6 +12,7 @@ helpers start no training run but helpers.runner's); :func:`launched` reads what
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -41,26 +42,37 @@ TCMALLOC = "tcmalloc_minimal"
 def cpu_rank_preload(library: str = TCMALLOC, cuda: bool | None = None) -> str:
     """``LD_PRELOAD=lib<library>.so.N`` (and a space) for ranks that run on the CPU, where the
     system has ``library`` (``ldconfig``'s list); "" where there is a GPU (``cuda``: None asks
-    torch; ranks that drive a GPU keep glibc's allocator) or no such library (the ranks run as
-    before, only slower)."""
+    torch; ranks that drive a GPU keep glibc's allocator), where the user preloads something
+    already (it stays as it is) or where there is no such library (the ranks run as before, only
+    slower)."""
     from ctypes.util import find_library
 
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    found = None if cuda else find_library(library)
+    found = None if cuda or os.environ.get("LD_PRELOAD") else find_library(library)
     return f"LD_PRELOAD={shlex.quote(found)} " if found else ""
 
 
-#: Prefix of a launch from inside the notebook: the notebook's own one-process group variables
-#: (set by the lesson) must not reach the launcher, which sets its own; ranks share the cores;
-#: CPU ranks allocate with tcmalloc where installed; the ranks import the same ``helpers`` as this
-#: kernel.
-NOTEBOOK_LAUNCH_ENV = ("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u LOCAL_RANK -u WORLD_SIZE "
-                       "TQDM_DISABLE=1 OMP_NUM_THREADS=1 " + cpu_rank_preload() + "PYTHONPATH="
-                       + shlex.quote(os.pathsep.join(
-                           [str(KIT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
+@functools.cache
+def notebook_launch_env() -> str:
+    """:data:`NOTEBOOK_LAUNCH_ENV`, worked out once, on first use (it asks torch about a GPU)."""
+    return ("env -u MASTER_ADDR -u MASTER_PORT -u RANK -u LOCAL_RANK -u WORLD_SIZE "
+            "TQDM_DISABLE=1 OMP_NUM_THREADS=1 " + cpu_rank_preload() + "PYTHONPATH="
+            + shlex.quote(os.pathsep.join(
+                [str(KIT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
+
+
+#: NOTEBOOK_LAUNCH_ENV, the prefix of a launch from inside the notebook: the notebook's own
+#: one-process group variables (set by the lesson) must not reach the launcher, which sets its
+#: own; ranks share the cores; CPU ranks allocate with tcmalloc where installed; the ranks import
+#: the same ``helpers`` as this kernel. Worked out on first use (:func:`notebook_launch_env`), so
+#: that importing this module imports no torch.
+def __getattr__(name: str) -> str:
+    if name == "NOTEBOOK_LAUNCH_ENV":
+        return notebook_launch_env()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tagged_cells(notebook: Path, tag: str) -> list[str]:

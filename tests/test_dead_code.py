@@ -28,6 +28,7 @@ USED_ELSEWHERE = [
     "pins", "lock_disagreements",  # helpers.colab: the lock read and compared (tests/test_lock.py)
     "write_gguf_folder",  # helpers.models: called in a fresh process (offline_real_model)
     "train_rank",  # the entry point a run's ranks start at, named as a string (helpers.runner)
+    "__getattr__",  # a module's attribute worked out on first use (PEP 562: helpers.launch)
 ]
 
 

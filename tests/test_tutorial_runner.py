@@ -129,26 +129,28 @@ def test_this_pytest_process_has_an_nvme_folder_of_its_own():
         os.environ["ZERO_KIT_OFFLOAD_BASE"], f"zero_kit_offload_{os.getpid()}")
 
 
-def test_the_real_model_chain_gets_every_core_and_the_other_notebooks_their_share(
-        tmp_path, monkeypatch):
+def test_the_real_model_chain_gets_every_core_and_the_other_notebooks_their_share(monkeypatch):
     """Side by side, the real-model notebooks (one after another, the long chain) get every core
-    as OpenMP threads, the others their share; what the user set stays for both."""
+    as OpenMP threads, the others their share; what the user set stays for both; one notebook at
+    a time leaves OpenMP its default. (The kernels' environments, without starting kernels: a
+    notebook of a real-model name would wait on the shared lock behind a real run.)"""
     import os
+    from pathlib import Path
 
-    code = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
-    paths = [_notebook(tmp_path / f"{name}.ipynb", [code])
-             for name in ("04_zero2_training", "a_other")]
+    import helpers
+
     cores = os.cpu_count() or 1
+    chain, other = Path("notebooks/04_zero2_training.ipynb"), Path("notebooks/a_other.ipynb")
 
-    def seen(jobs: int) -> dict[str, str]:
-        out = tmp_path / f"build{jobs}"
-        assert run_tutorial.main([*map(str, paths), "--out", str(out), "--jobs", str(jobs)]) == 0
-        return {p.stem: nbformat.read(out / p.name, as_version=4).cells[0].outputs[0]["text"]
-                .strip() for p in paths}
+    def threads(jobs: int) -> tuple[str | None, str | None]:
+        chain_threads = run_tutorial.real_model_threads(jobs)
+        helpers.share_threads(jobs)  # as main() does, after asking
+        return tuple(run_tutorial.kernel_environment(p, chain_threads).get("OMP_NUM_THREADS")
+                     for p in (chain, other))
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert seen(2) == {"04_zero2_training": str(cores), "a_other": str(max(1, cores // 2))}
+    assert threads(2) == (str(cores), str(max(1, cores // 2)))
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert seen(1) == {"04_zero2_training": "None", "a_other": "None"}  # OpenMP's own default
+    assert threads(1) == (None, None)  # OpenMP's own default: every core
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert seen(2) == {"04_zero2_training": "3", "a_other": "3"}
+    assert threads(2) == ("3", "3")
