@@ -129,11 +129,12 @@ def test_this_pytest_process_has_an_nvme_folder_of_its_own():
         os.environ["ZERO_KIT_OFFLOAD_BASE"], f"zero_kit_offload_{os.getpid()}")
 
 
-def test_the_real_model_chain_gets_every_core_and_the_other_notebooks_their_share(monkeypatch):
-    """Side by side, the real-model notebooks (one after another, the long chain) get every core
-    as OpenMP threads, the others their share; what the user set stays for both; one notebook at
-    a time leaves OpenMP its default. (The kernels' environments, without starting kernels: a
-    notebook of a real-model name would wait on the shared lock behind a real run.)"""
+def test_the_real_model_chain_gets_every_core_once_the_other_notebooks_are_done(monkeypatch):
+    """Side by side, a real-model notebook (they run one after another, the long chain) gets every
+    core as OpenMP threads once no other notebook is left, and the share every kernel has before
+    (two threads beside a busy process only wait); what the user set stays; one notebook at a time
+    leaves OpenMP its default. (The kernels' environments, without starting kernels: a notebook of
+    a real-model name would wait on the shared lock behind a real run.)"""
     import os
     from pathlib import Path
 
@@ -142,15 +143,44 @@ def test_the_real_model_chain_gets_every_core_and_the_other_notebooks_their_shar
     cores = os.cpu_count() or 1
     chain, other = Path("notebooks/04_zero2_training.ipynb"), Path("notebooks/a_other.ipynb")
 
-    def threads(jobs: int) -> tuple[str | None, str | None]:
-        chain_threads = run_tutorial.real_model_threads(jobs)
-        helpers.share_threads(jobs)  # as main() does, after asking
+    def threads(jobs: int, others_left: int) -> tuple[str | None, str | None]:
+        user_threads = "OMP_NUM_THREADS" in os.environ  # as main() asks, before sharing
+        helpers.share_threads(jobs)
+        chain_threads = run_tutorial.real_model_threads(jobs, others_left, user_threads)
         return tuple(run_tutorial.kernel_environment(p, chain_threads).get("OMP_NUM_THREADS")
                      for p in (chain, other))
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert threads(2) == (str(cores), str(max(1, cores // 2)))
+    share = str(max(1, cores // 2))
+    assert threads(2, others_left=1) == (share, share)
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert threads(1) == (None, None)  # OpenMP's own default: every core
+    assert threads(2, others_left=0) == (str(cores), share)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert threads(1, others_left=0) == (None, None)  # OpenMP's own default: every core
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert threads(2) == ("3", "3")
+    assert threads(2, others_left=0) == ("3", "3")
+
+
+def test_a_real_model_notebook_that_starts_after_the_others_are_done_gets_every_core(
+        tmp_path, monkeypatch):
+    """Through main(): 04 starts beside a running notebook (its share of the cores); 09 waits for
+    04's turn, by when the other is done (every core). A lock of its own (no wait on real runs)."""
+    import os
+
+    turn = run_tutorial.real_model_turn
+    monkeypatch.setattr(run_tutorial, "real_model_turn",
+                        lambda stem: turn(stem, lock_path=str(tmp_path / "lock")))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    code = "import os, time; time.sleep({s}); print(os.environ.get('OMP_NUM_THREADS'))"
+    paths = [_notebook(tmp_path / f"{name}.ipynb", [code.format(s=s)])
+             for name, s in (("04_zero2_training", 6), ("09_zero_or_lora", 0), ("a_other", 1))]
+    out = tmp_path / "build"
+    out.mkdir()
+    (out / "timings.json").write_text('{"04_zero2_training": 3, "a_other": 2, '
+                                      '"09_zero_or_lora": 1}')  # this order
+    assert run_tutorial.main([*map(str, paths), "--out", str(out), "--jobs", "2"]) == 0
+    seen = {p.stem: nbformat.read(out / p.name, as_version=4).cells[0].outputs[0]["text"].strip()
+            for p in paths}
+    cores = os.cpu_count() or 1
+    share = str(max(1, cores // 2))
+    assert seen == {"04_zero2_training": share, "a_other": share, "09_zero_or_lora": str(cores)}

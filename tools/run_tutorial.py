@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -128,13 +129,16 @@ def default_jobs() -> int:
     return 1 if torch.cuda.is_available() else max(1, min(2, os.cpu_count() or 1))
 
 
-def real_model_threads(jobs: int) -> int | None:
-    """OpenMP threads for a real-model notebook's kernel when ``jobs`` notebooks run side by side:
-    every core. They run one after another (:data:`REAL_MODEL_NOTEBOOKS`) and are the long chain:
-    the other notebooks, at their share, are done long before it (on 2 cores, notebook 09 ran
-    last and alone at one thread, the other core idle). None when the user set OMP_NUM_THREADS
-    or one notebook runs at a time (each kernel has OpenMP's default: every core)."""
-    if jobs < 2 or "OMP_NUM_THREADS" in os.environ:
+def real_model_threads(jobs: int, others_left: int, user_threads: bool) -> int | None:
+    """OpenMP threads for a real-model notebook's kernel that starts while ``jobs`` notebooks run
+    side by side and ``others_left`` notebooks that are not real-model ones have yet to finish:
+    every core once those are done (the real-model notebooks run one after another, the long
+    chain: on 2 cores notebook 09 ran last and alone at one thread, the other core idle); None
+    (the share every kernel has) while any is left: a kernel of two threads beside another busy
+    process waits for its descheduled thread at every parallel step (04's training cell took
+    181 s so, against 56 s at one thread). None also when the user set OMP_NUM_THREADS
+    (``user_threads``), or one notebook runs at a time (each kernel has OpenMP's default)."""
+    if jobs < 2 or others_left > 0 or user_threads:
         return None
     return os.cpu_count() or 1
 
@@ -162,13 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     paths = notebook_paths(args.notebooks)
     jobs = args.jobs or default_jobs()
-    chain_threads = real_model_threads(jobs)
+    user_threads = "OMP_NUM_THREADS" in os.environ
     helpers.share_threads(jobs)  # the notebooks share the cores
     started = time.perf_counter()
+    others = {p.stem for p in paths if p.stem not in REAL_MODEL_NOTEBOOKS}  # not yet finished
+    others_lock = threading.Lock()
 
     def run(path: Path) -> tuple[Path, bool, float, str]:
         with real_model_turn(path.stem):
-            return (path, *run_one(path, out, args.timeout, args.check, chain_threads))
+            with others_lock:
+                threads = real_model_threads(jobs, len(others), user_threads)
+            result = run_one(path, out, args.timeout, args.check, threads)
+        with others_lock:
+            others.discard(path.stem)
+        return (path, *result)
 
     failed = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
