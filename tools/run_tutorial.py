@@ -136,8 +136,8 @@ def real_model_threads(jobs: int, others_left: int, user_threads: bool) -> int |
     chain: on 2 cores notebook 09 ran last and alone at one thread, the other core idle); None
     (the share every kernel has) while any is left: a kernel of two threads beside another busy
     process waits for its descheduled thread at every parallel step (04's training cell took
-    181 s so, against 56 s at one thread with twice the tokens a step). None also when the user set OMP_NUM_THREADS
-    (``user_threads``), or one notebook runs at a time (each kernel has OpenMP's default)."""
+    181 s so, against 56 s at one thread with twice the tokens a step). None also when the user
+    set OMP_NUM_THREADS (``user_threads``), or one notebook runs at a time (OpenMP's default)."""
     if jobs < 2 or others_left > 0 or user_threads:
         return None
     return os.cpu_count() or 1
