@@ -60,12 +60,18 @@ $(VENV)/.installed: $(SHARED)/.installed requirements.txt $(LOCK) pyproject.toml
 
 # Compiled once per machine (the stamp), before any notebook or test: a compiler must never run
 # inside a measured run. Without libaio, async_io does not build and the stamp waits for it.
+# tools/pch_bin first on PATH: torch's header precompiled once per set of flags (tools/pch_cxx.py;
+# the same objects and build records as a plain compile), in PCH_DIR, made fresh and deleted after.
+PCH_DIR := $(TORCH_EXTENSIONS_DIR)/zero-kit-pch
 ops: $(VENV)/.installed
-	@test -e "$(OPS_STAMP)" || { mkdir -p "$(TORCH_EXTENSIONS_DIR)" && \
+	@test -e "$(OPS_STAMP)" || { rm -rf "$(PCH_DIR)" && mkdir -p "$(TORCH_EXTENSIONS_DIR)" && \
 	    echo "setup: compiling DeepSpeed's ops into $(TORCH_EXTENSIONS_DIR) (once per machine)" && \
+	    PATH="$(CURDIR)/tools/pch_bin:$$PATH" ZERO_KIT_PCH_DIR="$(PCH_DIR)" \
+	    ZERO_KIT_PCH_PYTHON="$(abspath $(BIN)/python)" \
 	    $(BIN)/python -m helpers doctor --prebuild --jobs $(OP_JOBS) --ops-only && \
 	    touch "$(OPS_STAMP)"; } || echo "setup: not every op built (exit status $$?; the table" \
 	    "above says why; with no table the build was stopped from outside: run make ops again)"
+	@rm -rf "$(PCH_DIR)"
 
 tutorial: setup
 	$(BIN)/python tools/run_tutorial.py
