@@ -114,6 +114,27 @@ def test_the_precompiled_header_is_what_the_compile_reads(tmp_path):
                for line in done.stderr.splitlines()), done.stderr
 
 
+def test_a_header_that_cannot_be_precompiled_alone_leaves_the_compile_as_it_was(tmp_path):
+    """A header that needs what its source defines first fails as a precompiled header: the
+    wrapper records that and every compile with those flags runs the plain command."""
+    src, build = _project(tmp_path)
+    (tmp_path / "include" / "torch" / "extension.h").write_text(
+        "#pragma once\n#ifndef KIT_NEEDS\n#error define KIT_NEEDS first\n#endif\n"
+        "inline int needs() { return KIT_NEEDS; }\n")
+    (src / "needs.cpp").write_text("#define KIT_NEEDS 5\n#include <torch/extension.h>\n"
+                                   "int f() { return needs(); }\n")
+    env = dict(os.environ, PATH=f"{SHIM}{os.pathsep}{os.environ['PATH']}",
+               ZERO_KIT_PCH_DIR=str(tmp_path / "pch"))
+    for _ in range(2):  # the second finds the failure recorded and does not try again
+        done = subprocess.run(["c++", "-isystem", str(tmp_path / "include"), "-c",
+                               str(src / "needs.cpp"), "-o", str(build / "needs.o")],
+                              env=env, capture_output=True, text=True, cwd=build)
+        assert done.returncode == 0, done.stderr
+    left = sorted(p.name for p in (tmp_path / "pch").glob("*/*"))
+    assert left == ["failed", "kit_torch.h", "lock"]  # no .gch
+    assert "KIT_NEEDS" in next((tmp_path / "pch").glob("*/failed")).read_text()
+
+
 def test_compile_lines_are_read_as_torch_writes_them():
     args = ["-MMD", "-MF", "a.o.d", "-DTORCH_EXTENSION_NAME=cpu_adam", "-isystem", "/t/include",
             "-O3", "-g", "-c", "/s/cpu_adam.cpp", "-o", "a.o"]
